@@ -1,0 +1,281 @@
+"""The `mlopt` command: parse, build the problem, call the planner, write atomically.
+
+Every user error surfaces as one line on stderr and an exit code: 2 for bad input (naming the file and the
+field), 3 for an infeasible problem (saying what would be feasible), 1 for anything unexpected.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+import click
+
+from mlopt import __version__
+from mlopt.errors import InputError, MloptError
+
+EXIT_INTERNAL = 1
+
+
+def _print_json(value: Any) -> None:
+    from mlopt.formats.io import canonical_json
+
+    click.echo(canonical_json(value), nl=False)
+
+
+def _parse_size(text: str) -> float:
+    """`1MB`, `32KB`, `1e6` -> bytes (decimal units as TACCL names its profiles)."""
+    units = {"": 1, "B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "KIB": 1024, "MIB": 1024**2, "GIB": 1024**3}
+    t = text.strip().upper()
+    num = t.rstrip("KMGIB")
+    unit = t[len(num):]
+    try:
+        value = float(num)
+    except ValueError:
+        raise click.BadParameter(f"{text!r} is not a size like 1MB or 32KB") from None
+    if unit not in units or value <= 0:
+        raise click.BadParameter(f"{text!r} is not a size like 1MB or 32KB")
+    return value * units[unit]
+
+
+def topology_options(func: Callable) -> Callable:
+    """Options for reading a topology: presets need none; TACCL node profiles may need all three."""
+    func = click.option("--nodes", type=click.IntRange(min=1), default=None,
+                        help="Replicate a one-node profile (TACCL topology file) over this many nodes.")(func)
+    func = click.option("--chunk-size", "chunk_size", default=None,
+                        help="TACCL profile chunk size (e.g. 1MB) when the profile name lacks it.")(func)
+    func = click.option("--time-unit-us", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True,
+                        help="Microseconds per unit of a TACCL profile's scaled costs.")(func)
+    return func
+
+
+def _topology_options(nodes: int | None, chunk_size: str | None, time_unit_us: float):
+    from mlopt.formats.loaders import TopologyOptions
+
+    return TopologyOptions(nodes, _parse_size(chunk_size) if chunk_size else None, time_unit_us)
+
+
+def planner_options(func: Callable) -> Callable:
+    """The knobs every planner shares, mirroring mlopt.planners.options.PlannerOptions one to one."""
+    decorators = [
+        click.option("-o", "--output", required=True, type=click.Path(), help="Where to write the plan(s)."),
+        click.option("--solver", type=click.Choice(["auto", "highs", "cbc", "gurobi"]), default="auto",
+                     show_default=True, help="MILP backend (auto: gurobi with a full licence, else highs)."),
+        click.option("--time-limit", "time_limit_s", type=click.FloatRange(min=0, min_open=True), default=None,
+                     help="Seconds per solve; the best plan found is returned with its gap."),
+        click.option("--mip-gap", type=click.FloatRange(min=0), default=1e-4, show_default=True,
+                     help="Relative gap at which a MILP counts as solved."),
+        click.option("--threads", type=click.IntRange(min=1), default=1, show_default=True,
+                     help="Solver threads (1 keeps runs reproducible)."),
+        click.option("--seed", type=int, default=0, show_default=True, help="Solver and heuristic seed."),
+        click.option("--dump-model", type=click.Path(), default=None, help="Write the MILP as MPS for offline re-solves."),
+        click.option("--record-wall-time", is_flag=True, help="Record the wall time in the plan (breaks byte-identity)."),
+        click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary on stdout."),
+    ]
+    for decorator in reversed(decorators):
+        func = decorator(func)
+    return func
+
+
+def _planner_options_from(kwargs: dict[str, Any]):
+    from mlopt.planners.options import PlannerOptions
+
+    return PlannerOptions(
+        solver=kwargs["solver"], time_limit_s=kwargs["time_limit_s"], mip_gap=kwargs["mip_gap"],
+        threads=kwargs["threads"], seed=kwargs["seed"], dump_model=kwargs["dump_model"],
+        record_wall_time=kwargs["record_wall_time"],
+    )
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+@click.version_option(__version__, "--version", prog_name="mlopt")
+@click.option("-v", "--verbose", count=True, help="More output (-vv: tracebacks on internal errors).")
+@click.option("-q", "--quiet", is_flag=True, help="Only errors and requested output.")
+@click.pass_context
+def cli(ctx: click.Context, verbose: int, quiet: bool) -> None:
+    """Offline planners for distributed ML training: memory, collectives, threads, schedules."""
+    ctx.obj = {"verbose": 0 if quiet else verbose + 1}
+
+
+def _say(ctx: click.Context, message: str, level: int = 1) -> None:
+    if (ctx.obj or {}).get("verbose", 1) >= level:
+        click.echo(message, err=True)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# show / validate
+
+
+@cli.command()
+@click.argument("spec")
+@topology_options
+@click.option("--json", "as_json", is_flag=True, help="Print the loaded document as canonical JSON.")
+@click.option("--all-links", is_flag=True, help="List every link, not one row per link class.")
+def show(spec: str, nodes, chunk_size, time_unit_us, as_json: bool, all_links: bool) -> None:
+    """Human-readable tables of a topology (file or preset such as ndv2x2), trace, sketch or plan."""
+    from mlopt.formats import show as show_module
+    from mlopt.formats.loaders import load_any
+
+    loaded = load_any(spec, _topology_options(nodes, chunk_size, time_unit_us))
+    if as_json:
+        _print_json(show_module.as_dict(loaded))
+        return
+    show_module.render(loaded, all_links=all_links)
+
+
+@cli.command()
+@click.argument("files", nargs=-1, required=True)
+@click.option("--model", "model_path", default=None, help="Trace the plans were made for (some kinds need it).")
+@click.option("--topology", "topology_spec", default=None, help="Topology the plans were made for.")
+@click.option("--json", "as_json", is_flag=True, help="Print one result per file as JSON.")
+@click.pass_context
+def validate(ctx: click.Context, files: tuple[str, ...], model_path, topology_spec, as_json: bool) -> None:
+    """Check files without a solver: format, schema, references; plans by replaying them."""
+    from mlopt.validate import validate_file
+
+    results = [validate_file(f, model_path, topology_spec) for f in files]
+    if as_json:
+        _print_json([r.to_dict() for r in results])
+    else:
+        for r in results:
+            _say(ctx, f"{r.file}: ok ({r.kind}{': ' + r.detail if r.detail else ''})")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# trace
+
+
+@cli.command()
+@click.argument("source")
+@click.option("-o", "--output", required=True, type=click.Path(), help="Trace file to write (mlopt.trace JSON).")
+@click.option("--kineto", default=None, help="Kineto JSON for per-op durations (ET import).")
+@click.option("--step-scope", default=None, help="record_function name of the step in the ET (default: largest ## ... ##).")
+@click.option("--batch", type=click.IntRange(min=1), default=32, show_default=True, help="Batch size (model tracing).")
+@click.option("--input-shape", default=None, help="Per-sample input shape such as 3,224,224 (model tracing).")
+@click.option("--optimizer", type=click.Choice(["sgd", "adam", "none"]), default="sgd", show_default=True,
+              help="Optimizer step traced after backward (model tracing).")
+@click.option("--repeats", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Timed iterations; per-op time is their median (model tracing).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed for weights and inputs (model tracing).")
+@click.option("--name", default=None, help="Name recorded in the trace.")
+@click.option("--json", "as_json", is_flag=True, help="Print a summary on stdout.")
+@click.pass_context
+def trace(ctx: click.Context, source: str, output: str, kineto, step_scope, batch, input_shape, optimizer, repeats,
+          seed, name, as_json) -> None:
+    """Make a model trace: import a PyTorch Execution Trace file, or trace MODULE:CALLABLE on CPU.
+
+    SOURCE is a PyTorch ET file (JSON, optionally gzipped) or a model such as torchvision:resnet50 or
+    mypkg.models:build (any importable callable returning an nn.Module; needs the `torch` extra).
+    """
+    from mlopt.formats.trace import save_trace
+    from mlopt.formats.trace_sources import make_trace
+
+    result = make_trace(source, kineto=kineto, step_scope=step_scope, batch=batch, input_shape=input_shape,
+                        optimizer=optimizer, repeats=repeats, seed=seed, name=name)
+    save_trace(result, output)
+    summary = {
+        "file": output, "name": result.name, "ops": len(result.ops), "tensors": len(result.tensors),
+        "by_role": {role: len(result.ops_by_role(role)) for role in ("forward", "backward", "optimizer", "comm", "other")},
+    }
+    if as_json:
+        _print_json(summary)
+    else:
+        roles = ", ".join(f"{n} {r}" for r, n in summary["by_role"].items() if n)
+        _say(ctx, f"wrote {output}: {summary['ops']} ops ({roles}), {summary['tensors']} tensors")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# plan
+
+
+@cli.group(invoke_without_command=True)
+@click.option("--model", "model_path", default=None, help="Trace to plan for (mlopt trace or PyTorch ET).")
+@click.option("--topology", "topology_spec", default=None, help="Topology preset or file.")
+@topology_options
+@planner_options
+@click.pass_context
+def plan(ctx: click.Context, model_path, topology_spec, nodes, chunk_size, time_unit_us, **kwargs) -> None:
+    """Run planners. With --model (and no subcommand): every planner that applies, one plan file each.
+
+    Writes DIR/<kind>.plan.json per planner and DIR/index.json listing what ran and what was skipped.
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    if model_path is None:
+        raise click.UsageError("give --model TRACE (or a planner subcommand)")
+    from mlopt.formats.loaders import load_trace_any, resolve_topology
+    from mlopt.planners.umbrella import plan_all
+
+    trace_obj = load_trace_any(model_path)
+    topology = resolve_topology(topology_spec, _topology_options(nodes, chunk_size, time_unit_us)) if topology_spec else None
+    index = plan_all(trace_obj, topology, _planner_options_from(kwargs), Path(kwargs["output"]),
+                     inputs={"model": model_path, "topology": topology_spec})
+    if kwargs["as_json"]:
+        _print_json(index)
+        return
+    for entry in index["plans"]:
+        _say(ctx, f"{entry['kind']}: {entry['status']} -> {entry['file']}")
+    for entry in index["skipped"]:
+        _say(ctx, f"{entry['kind']}: skipped ({entry['reason']})")
+    _say(ctx, f"wrote {Path(kwargs['output']) / 'index.json'}")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# solvers
+
+
+@cli.command()
+@click.option("--check", is_flag=True, help="Also solve a small known-optimum MILP on each available backend.")
+@click.option("--json", "as_json", is_flag=True, help="Print the table as JSON.")
+def solvers(check: bool, as_json: bool) -> None:
+    """List MILP backends, their versions and availability (a size-limited Gurobi licence is reported)."""
+    from mlopt.solvers.report import solver_report
+
+    rows = solver_report(check)
+    if as_json:
+        _print_json(rows)
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table("solver", "available", "version", "note", *(["check"] if check else []))
+    for r in rows:
+        table.add_row(r["name"], "yes" if r["available"] else "no", r["version"], r["note"],
+                      *([r.get("check", "")] if check else []))
+    Console().print(table)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# entry point
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI; map errors to one line and an exit code instead of a traceback."""
+    try:
+        cli.main(args=argv, prog_name="mlopt", standalone_mode=False)
+        return 0
+    except click.exceptions.Exit as exc:
+        return exc.exit_code
+    except click.Abort:
+        click.echo("mlopt: aborted", err=True)
+        return EXIT_INTERNAL
+    except click.ClickException as exc:
+        exc.show()
+        return exc.exit_code
+    except MloptError as exc:
+        click.echo(f"mlopt: error: {exc}", err=True)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        click.echo("mlopt: interrupted", err=True)
+        return 130
+    except Exception as exc:  # a bug in mlopt, not bad input: one line, traceback with -vv
+        if "-vv" in (argv if argv is not None else sys.argv):
+            raise
+        click.echo(f"mlopt: internal error: {type(exc).__name__}: {exc} (rerun with -vv for the traceback)", err=True)
+        return EXIT_INTERNAL
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Versioned file formats: topology, model trace, plan envelope; readers, writers and importers."""

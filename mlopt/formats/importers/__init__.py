@@ -1,0 +1,1 @@
+"""Importers from other tools' formats: TACCL, PyTorch Execution Trace, Kineto."""

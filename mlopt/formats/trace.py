@@ -1,0 +1,279 @@
+"""The model trace: the planners' input.
+
+A trace is one training step of one rank: ops in execution order, each with a role, the tensors it reads
+and writes, its implementations (compute time and workspace each; the first is the default the trace was
+measured with) and, for communication ops, the collective, its bytes and process group. Backward ops
+point at the forward op they differentiate (`forward_op`), which is how planners pair them.
+
+A tensor written by no op is external (parameters, inputs, optimizer state). Any other tensor must be
+written before it is read; ops may write a tensor again (in-place updates).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from mlopt.errors import InputError
+from mlopt.formats import document
+from mlopt.formats.io import read_document, write_json
+
+ROLES = ("forward", "backward", "optimizer", "comm", "other")
+TENSOR_KINDS = ("input", "activation", "parameter", "gradient", "optimizer_state", "buffer", "other")
+COLLECTIVES = (
+    "allreduce",
+    "allgather",
+    "reducescatter",
+    "alltoall",
+    "broadcast",
+    "reduce",
+    "barrier",
+    "send",
+    "recv",
+)
+
+
+@dataclass(frozen=True)
+class Tensor:
+    id: int
+    bytes: int
+    kind: str = "activation"  # one of TENSOR_KINDS
+    shape: tuple[int, ...] = ()
+    dtype: str = ""  # e.g. "float32"; empty when unknown
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "bytes": self.bytes, "kind": self.kind, "shape": list(self.shape), "dtype": self.dtype}
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> "Tensor":
+        return Tensor(
+            id=d["id"], bytes=d["bytes"], kind=d.get("kind", "activation"),
+            shape=tuple(d.get("shape", ())), dtype=d.get("dtype", ""),
+        )
+
+
+@dataclass(frozen=True)
+class Implementation:
+    name: str
+    compute_us: float | None  # None: not measured (ET without Kineto); planners fall back to profiles
+    workspace_bytes: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "compute_us": self.compute_us, "workspace_bytes": self.workspace_bytes}
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> "Implementation":
+        return Implementation(d["name"], d.get("compute_us"), d.get("workspace_bytes", 0))
+
+
+@dataclass(frozen=True)
+class CommSpec:
+    collective: str  # one of COLLECTIVES
+    bytes: int  # payload per rank as nccl-tests counts it (the buffer for allreduce)
+    group: str  # process group name
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"collective": self.collective, "bytes": self.bytes, "group": self.group}
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> "CommSpec":
+        return CommSpec(d["collective"], d["bytes"], d["group"])
+
+
+@dataclass(frozen=True)
+class Op:
+    id: int
+    name: str  # operator name, e.g. "aten::convolution"
+    role: str  # one of ROLES
+    inputs: tuple[int, ...] = ()  # tensor ids read
+    outputs: tuple[int, ...] = ()  # tensor ids written
+    implementations: tuple[Implementation, ...] = (Implementation("default", None),)
+    forward_op: int | None = None  # for backward ops: the forward op they differentiate
+    comm: CommSpec | None = None  # for comm ops
+    deps: tuple[int, ...] = ()  # extra ordering edges: ops that must finish first
+
+    @property
+    def compute_us(self) -> float | None:
+        return self.implementations[0].compute_us
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "name": self.name,
+            "role": self.role,
+            "inputs": list(self.inputs),
+            "outputs": list(self.outputs),
+            "implementations": [impl.to_dict() for impl in self.implementations],
+            "forward_op": self.forward_op,
+            "comm": self.comm.to_dict() if self.comm else None,
+            "deps": list(self.deps),
+        }
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> "Op":
+        impls = d.get("implementations") or [{"name": "default", "compute_us": None}]
+        return Op(
+            id=d["id"],
+            name=d["name"],
+            role=d["role"],
+            inputs=tuple(d.get("inputs", ())),
+            outputs=tuple(d.get("outputs", ())),
+            implementations=tuple(Implementation.from_dict(i) for i in impls),
+            forward_op=d.get("forward_op"),
+            comm=CommSpec.from_dict(d["comm"]) if d.get("comm") else None,
+            deps=tuple(d.get("deps", ())),
+        )
+
+
+@dataclass(frozen=True)
+class ProcessGroup:
+    name: str
+    ranks: tuple[int, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "ranks": list(self.ranks)}
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> "ProcessGroup":
+        return ProcessGroup(d["name"], tuple(d["ranks"]))
+
+
+@dataclass(frozen=True)
+class ModelTrace:
+    name: str
+    ops: tuple[Op, ...]
+    tensors: tuple[Tensor, ...]
+    process_groups: tuple[ProcessGroup, ...] = ()
+    rank: int = 0
+    world_size: int = 1
+    source: dict[str, Any] = field(default_factory=dict)  # importer name and its input files' hashes
+
+    def tensor_map(self) -> dict[int, Tensor]:
+        return {t.id: t for t in self.tensors}
+
+    def ops_by_role(self, role: str) -> list[Op]:
+        return [op for op in self.ops if op.role == role]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            **document.header(document.TRACE),
+            "name": self.name,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "source": self.source,
+            "process_groups": [g.to_dict() for g in self.process_groups],
+            "tensors": [t.to_dict() for t in self.tensors],
+            "ops": [op.to_dict() for op in self.ops],
+        }
+
+    @staticmethod
+    def from_dict(d: dict[str, Any], source: str = "<trace>") -> "ModelTrace":
+        document.check_document(d, document.TRACE, source)
+        trace = ModelTrace(
+            name=d["name"],
+            ops=tuple(Op.from_dict(o) for o in d["ops"]),
+            tensors=tuple(Tensor.from_dict(t) for t in d["tensors"]),
+            process_groups=tuple(ProcessGroup.from_dict(g) for g in d.get("process_groups", ())),
+            rank=d.get("rank", 0),
+            world_size=d.get("world_size", 1),
+            source=d.get("source", {}),
+        )
+        validate_trace(trace, source)
+        return trace
+
+
+def _find_cycle(ops: tuple[Op, ...], edges: dict[int, set[int]]) -> list[int] | None:
+    """A cycle in the op graph (list of op ids), or None. Iterative DFS so deep traces don't recurse."""
+    state: dict[int, int] = {}  # 1 = on stack, 2 = done
+    for root in (op.id for op in ops):
+        if state.get(root):
+            continue
+        stack: list[tuple[int, list[int]]] = [(root, sorted(edges.get(root, ())))]
+        path = [root]
+        state[root] = 1
+        while stack:
+            node, succ = stack[-1]
+            if not succ:
+                stack.pop()
+                path.pop()
+                state[node] = 2
+                continue
+            nxt = succ.pop()
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if not state.get(nxt):
+                state[nxt] = 1
+                path.append(nxt)
+                stack.append((nxt, sorted(edges.get(nxt, ()))))
+    return None
+
+
+def validate_trace(trace: ModelTrace, source: str = "<trace>") -> None:
+    """Semantic checks the schema cannot express: references, ordering, acyclicity."""
+    tensors: dict[int, Tensor] = {}
+    for i, t in enumerate(trace.tensors):
+        if t.id in tensors:
+            raise InputError(source, f"$.tensors[{i}].id", f"duplicate tensor id {t.id}")
+        tensors[t.id] = t
+    op_index: dict[int, int] = {}
+    for i, op in enumerate(trace.ops):
+        if op.id in op_index:
+            raise InputError(source, f"$.ops[{i}].id", f"duplicate op id {op.id}")
+        op_index[op.id] = i
+    groups = {g.name for g in trace.process_groups}
+
+    writers: dict[int, list[int]] = {}
+    for op in trace.ops:
+        for t in op.outputs:
+            writers.setdefault(t, []).append(op.id)
+
+    edges: dict[int, set[int]] = {}
+    for i, op in enumerate(trace.ops):
+        where = f"$.ops[{i}]"
+        for key, ids in (("inputs", op.inputs), ("outputs", op.outputs)):
+            for j, t in enumerate(ids):
+                if t not in tensors:
+                    raise InputError(source, f"{where}.{key}[{j}]", f"op {op.id} ({op.name}) names unknown tensor {t}")
+        for t in op.inputs:
+            for w in writers.get(t, ()):
+                if w != op.id and op_index[w] < i:
+                    edges.setdefault(w, set()).add(op.id)
+        for j, dep in enumerate(op.deps):
+            if dep not in op_index:
+                raise InputError(source, f"{where}.deps[{j}]", f"op {op.id} depends on unknown op {dep}")
+            edges.setdefault(dep, set()).add(op.id)
+        if op.forward_op is not None and op.forward_op not in op_index:
+            raise InputError(source, f"{where}.forward_op", f"op {op.id} pairs with unknown op {op.forward_op}")
+        if op.role == "comm" and op.comm is None:
+            raise InputError(source, f"{where}.comm", f"comm op {op.id} ({op.name}) has no collective")
+        if op.comm is not None and groups and op.comm.group not in groups:
+            raise InputError(source, f"{where}.comm.group", f"unknown process group {op.comm.group!r}")
+
+    # A read of a tensor whose every writer runs later is either a cycle or a use before production.
+    for i, op in enumerate(trace.ops):
+        for j, t in enumerate(op.inputs):
+            ws = [w for w in writers.get(t, ()) if w != op.id]
+            if ws and all(op_index[w] > i for w in ws):
+                for w in ws:
+                    edges.setdefault(w, set()).add(op.id)
+                cycle = _find_cycle(trace.ops, edges)
+                if cycle:
+                    chain = " -> ".join(map(str, cycle))
+                    raise InputError(source, f"$.ops[{i}].inputs[{j}]", f"cyclic trace: ops {chain}")
+                raise InputError(
+                    source,
+                    f"$.ops[{i}].inputs[{j}]",
+                    f"op {op.id} ({op.name}) uses tensor {t} before it is produced (by op {ws[0]})",
+                )
+    cycle = _find_cycle(trace.ops, edges)
+    if cycle:
+        raise InputError(source, "$.ops", f"cyclic trace: ops {' -> '.join(map(str, cycle))}")
+
+
+def load_trace(path: str | os.PathLike) -> ModelTrace:
+    return ModelTrace.from_dict(read_document(path), str(path))
+
+
+def save_trace(trace: ModelTrace, path: str | os.PathLike) -> None:
+    write_json(path, trace.to_dict())

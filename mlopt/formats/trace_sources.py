@@ -1,0 +1,41 @@
+"""Where a model trace comes from: an Execution Trace file to import, or a PyTorch model to trace."""
+
+from __future__ import annotations
+
+import os
+
+from mlopt.errors import InputError
+from mlopt.formats.trace import ModelTrace
+
+
+def parse_shape(text: str) -> tuple[int, ...]:
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    if not parts or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise InputError("--input-shape", "$", f"expected positive integers like 3,224,224, found {text!r}")
+    return tuple(int(p) for p in parts)
+
+
+def make_trace(source: str, *, kineto: str | None = None, step_scope: str | None = None, batch: int = 32,
+               input_shape: str | None = None, optimizer: str = "sgd", repeats: int = 3, seed: int = 0,
+               name: str | None = None) -> ModelTrace:
+    """Import `source` if it is a file, else trace it as a `module:callable` model spec."""
+    if os.path.exists(source):
+        from mlopt.formats.importers.pytorch_et import import_pytorch_et
+
+        return import_pytorch_et(source, kineto, name=name, step_scope=step_scope)
+    if kineto:
+        raise InputError(source, "$", "no such file (--kineto applies to Execution Trace files)")
+    if ":" not in source:
+        raise InputError(source, "$", "no such file, and not a model spec like torchvision:resnet50")
+    try:
+        from mlopt.runtime import torch_trace, torch_models
+    except ImportError as exc:
+        raise InputError(source, "model", f"tracing a model needs PyTorch: pip install 'mlopt[torch]' ({exc})") from None
+    shape = parse_shape(input_shape) if input_shape else None
+    model, default_shape, context = torch_models.resolve_model(source)
+    shape = shape or default_shape
+    if shape is None:
+        raise InputError(source, "input_shape", "unknown input shape for this model: pass --input-shape")
+    with context:
+        return torch_trace.trace_model(model, shape, batch, optimizer=optimizer, repeats=repeats, seed=seed,
+                                       name=name or source, spec=source)

@@ -1,0 +1,24 @@
+"""Knobs shared by every planner; each has a CLI flag of the same name (see mlopt/cli.py)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class PlannerOptions:
+    solver: str = "auto"  # --solver: auto | highs | cbc | gurobi (auto: gurobi with a full licence, else highs)
+    time_limit_s: float | None = None  # --time-limit: stop and return the best plan found, with its gap
+    mip_gap: float = 1e-4  # --mip-gap: relative gap at which a MILP counts as solved
+    threads: int = 1  # --threads: solver threads (1 keeps runs reproducible)
+    seed: int = 0  # --seed: solver and heuristic random seed
+    dump_model: str | None = None  # --dump-model: write the MILP as MPS here for offline re-solves
+    record_wall_time: bool = False  # --record-wall-time: put the wall time in the plan (breaks byte-identity)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The options that shape the plan, for provenance (output-only knobs left out)."""
+        d = asdict(self)
+        d.pop("dump_model")
+        d.pop("record_wall_time")
+        return d

@@ -1,0 +1,45 @@
+"""`mlopt plan --model`: run every registered planner that applies and write an index of what happened."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from mlopt import __version__
+from mlopt.formats import document
+from mlopt.formats.io import write_json
+from mlopt.formats.plan import input_hashes, save_plan
+from mlopt.formats.topology import Topology
+from mlopt.formats.trace import ModelTrace
+from mlopt.planners import PLANNER_KINDS, registered_planners
+from mlopt.planners.options import PlannerOptions
+
+
+def plan_all(trace: ModelTrace, topology: Topology | None, options: PlannerOptions, out_dir: Path,
+             inputs: dict[str, str | None]) -> dict[str, Any]:
+    """Write one plan per applicable planner plus `index.json`; returns the index."""
+    entries = {e.kind: e for e in registered_planners()}
+    plans, skipped = [], []
+    for kind in PLANNER_KINDS:
+        entry = entries.get(kind)
+        if entry is None:
+            skipped.append({"kind": kind, "reason": "planner not available in this release"})
+            continue
+        reason = entry.why_not(trace, topology)
+        if reason:
+            skipped.append({"kind": kind, "reason": reason})
+            continue
+        result = entry.run(trace, topology, options)
+        file_name = f"{kind}{entry.file_suffix}"
+        save_plan(result, out_dir / file_name, options.record_wall_time)
+        plans.append({"kind": kind, "file": file_name, "status": result.status.value,
+                      "objective": result.objective, "gap": result.gap})
+    index = {
+        **document.header(document.PLAN_INDEX),
+        "mlopt_version": __version__,
+        "inputs": input_hashes(inputs),
+        "plans": plans,
+        "skipped": skipped,
+    }
+    write_json(out_dir / "index.json", index)
+    return index

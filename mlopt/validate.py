@@ -1,0 +1,57 @@
+"""`mlopt validate`: check any mlopt file without a solver.
+
+Topologies and traces get their schema and semantic checks; plans get the envelope check and then their
+kind's payload validator (registered by each planner as it lands), which replays the plan.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from mlopt.errors import InputError
+from mlopt.formats.loaders import Loaded, load_any
+from mlopt.formats.plan import PlanFile
+
+# kind -> validator(plan, source, model_path, topology_spec) returning a one-line detail; raises InputError
+PayloadValidator = Callable[[PlanFile, str, "str | None", "str | None"], str]
+
+
+def payload_validators() -> dict[str, PayloadValidator]:
+    """Validators for plan payloads, one per planner kind available in this release."""
+    return {}
+
+
+@dataclass(frozen=True)
+class ValidationResult:
+    file: str
+    kind: str
+    detail: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"file": self.file, "kind": self.kind, "ok": True, "detail": self.detail}
+
+
+def _detail(loaded: Loaded) -> str:
+    value = loaded.value
+    if loaded.kind == "topology":
+        return f"{value.num_ranks} ranks in {value.num_nodes} node(s), {len(value.links)} links"
+    if loaded.kind == "trace":
+        return f"{len(value.ops)} ops, {len(value.tensors)} tensors"
+    if loaded.kind == "taccl-sketch":
+        return f"sketch for {value.nnodes} node(s)"
+    if loaded.kind == "plan-index":
+        return f"{len(value['plans'])} plan(s)"
+    return ""
+
+
+def validate_file(path: str, model_path: str | None = None, topology_spec: str | None = None) -> ValidationResult:
+    """Validate one file; raises InputError (exit 2) on the first problem."""
+    loaded = load_any(path)
+    if loaded.kind != "plan":
+        return ValidationResult(path, loaded.kind, _detail(loaded))
+    plan: PlanFile = loaded.value
+    validator = payload_validators().get(plan.kind)
+    if validator is None:
+        raise InputError(path, "$.kind", f"no validator for plan kind {plan.kind!r} in this mlopt")
+    return ValidationResult(path, f"{plan.kind} plan", validator(plan, path, model_path, topology_spec))
