@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections import Counter, defaultdict
 from typing import Any
 
@@ -12,6 +13,7 @@ from mlopt.formats.loaders import Loaded
 from mlopt.formats.topology import Topology
 from mlopt.formats.trace import ROLES, ModelTrace
 
+PIPED_WIDTH = 160  # columns when stdout is not a terminal
 FULL_LINK_TABLE_MAX = 256  # above this many links, show one row per link class unless --all-links
 
 
@@ -146,11 +148,13 @@ def sketch_tables(loaded: Loaded) -> list[Table]:
 
 
 def render(loaded: Loaded, all_links: bool = False, console: Console | None = None) -> None:
-    console = console or Console()
+    # Piped output is not cut to 80 columns: a file or a pager gets whole rows.
+    console = console or Console(width=None if sys.stdout.isatty() else PIPED_WIDTH)
+    footer = ""
     if loaded.kind == "topology":
         tables = topology_tables(loaded.value, all_links)
         if not all_links and len(loaded.value.links) > FULL_LINK_TABLE_MAX:
-            tables.append(Table(title=f"({len(loaded.value.links)} links: --all-links lists each)"))
+            footer = f"({len(loaded.value.links)} links: --all-links lists each)"
     elif loaded.kind == "trace":
         tables = trace_tables(loaded.value)
     elif loaded.kind == "plan":
@@ -161,3 +165,5 @@ def render(loaded: Loaded, all_links: bool = False, console: Console | None = No
         tables = sketch_tables(loaded)
     for table in tables:
         console.print(table)
+    if footer:
+        console.print(footer)

@@ -5,8 +5,9 @@ and writes, its implementations (compute time and workspace each; the first is t
 measured with) and, for communication ops, the collective, its bytes and process group. Backward ops
 point at the forward op they differentiate (`forward_op`), which is how planners pair them.
 
-A tensor written by no op is external (parameters, inputs, optimizer state). Any other tensor must be
-written before it is read; ops may write a tensor again (in-place updates).
+A tensor written by no op is external. Tensors of a preloaded kind (inputs, parameters, buffers, optimizer
+state) hold a value before the step, so they may be read before they are written (the optimizer updates
+parameters in place); any other tensor that some op writes must be written before it is read.
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ from mlopt.formats.io import read_document, write_json
 
 ROLES = ("forward", "backward", "optimizer", "comm", "other")
 TENSOR_KINDS = ("input", "activation", "parameter", "gradient", "optimizer_state", "buffer", "other")
+# Tensors that hold a value before the step starts, so ops may read them before any op writes them
+# (e.g. parameters read in forward and updated in place by the optimizer).
+PRELOADED_KINDS = ("input", "parameter", "optimizer_state", "buffer")
 COLLECTIVES = (
     "allreduce",
     "allgather",
@@ -254,6 +258,8 @@ def validate_trace(trace: ModelTrace, source: str = "<trace>") -> None:
     for i, op in enumerate(trace.ops):
         for j, t in enumerate(op.inputs):
             ws = [w for w in writers.get(t, ()) if w != op.id]
+            if tensors[t].kind in PRELOADED_KINDS:
+                continue
             if ws and all(op_index[w] > i for w in ws):
                 for w in ws:
                     edges.setdefault(w, set()).add(op.id)
