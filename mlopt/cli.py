@@ -6,10 +6,11 @@ field), 3 for an infeasible problem (saying what would be feasible), 1 for anyth
 
 from __future__ import annotations
 
-import json
+import contextlib
 import sys
+import warnings
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import click
 
@@ -104,6 +105,22 @@ def _say(ctx: click.Context, message: str, level: int = 1) -> None:
         click.echo(message, err=True)
 
 
+@contextlib.contextmanager
+def _progress(ctx: click.Context, title: str) -> Iterator[Callable[[str], None]]:
+    """A spinner on stderr for long work, updated with a short message; silent with -q or when piped."""
+    if (ctx.obj or {}).get("verbose", 1) < 1 or not sys.stderr.isatty():
+        yield lambda message: None
+        return
+    from rich.console import Console
+
+    with Console(stderr=True).status(title) as status:
+        yield lambda message: status.update(f"{title}: {message}")
+
+
+def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    click.echo(f"mlopt: warning: {message}", err=True)
+
+
 # ---------------------------------------------------------------------------------------------------------
 # show / validate
 
@@ -172,8 +189,9 @@ def trace(ctx: click.Context, source: str, output: str, kineto, step_scope, batc
     from mlopt.formats.trace import save_trace
     from mlopt.formats.trace_sources import make_trace
 
-    result = make_trace(source, kineto=kineto, step_scope=step_scope, batch=batch, input_shape=input_shape,
-                        optimizer=optimizer, repeats=repeats, seed=seed, name=name)
+    with _progress(ctx, f"tracing {source}") as progress:
+        result = make_trace(source, kineto=kineto, step_scope=step_scope, batch=batch, input_shape=input_shape,
+                            optimizer=optimizer, repeats=repeats, seed=seed, name=name, progress=progress)
     save_trace(result, output)
     summary = {
         "file": output, "name": result.name, "ops": len(result.ops), "tensors": len(result.tensors),
@@ -254,7 +272,9 @@ def solvers(check: bool, as_json: bool) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; map errors to one line and an exit code instead of a traceback."""
     try:
-        cli.main(args=argv, prog_name="mlopt", standalone_mode=False)
+        with warnings.catch_warnings():
+            warnings.showwarning = _one_line_warning  # restored when the block exits
+            cli.main(args=argv, prog_name="mlopt", standalone_mode=False)
         return 0
     except click.exceptions.Exit as exc:
         return exc.exit_code

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import Callable
 
 from mlopt.errors import InputError
 from mlopt.formats.trace import ModelTrace
@@ -17,7 +18,7 @@ def parse_shape(text: str) -> tuple[int, ...]:
 
 def make_trace(source: str, *, kineto: str | None = None, step_scope: str | None = None, batch: int = 32,
                input_shape: str | None = None, optimizer: str = "sgd", repeats: int = 3, seed: int = 0,
-               name: str | None = None) -> ModelTrace:
+               name: str | None = None, progress: Callable[[str], None] | None = None) -> ModelTrace:
     """Import `source` if it is a file, else trace it as a `module:callable` model spec."""
     if os.path.exists(source):
         from mlopt.formats.importers.pytorch_et import import_pytorch_et
@@ -28,14 +29,9 @@ def make_trace(source: str, *, kineto: str | None = None, step_scope: str | None
     if ":" not in source:
         raise InputError(source, "$", "no such file, and not a model spec like torchvision:resnet50")
     try:
-        from mlopt.runtime import torch_trace, torch_models
+        from mlopt.runtime.torch_trace import trace_model_spec
     except ImportError as exc:
         raise InputError(source, "model", f"tracing a model needs PyTorch: pip install 'mlopt[torch]' ({exc})") from None
     shape = parse_shape(input_shape) if input_shape else None
-    model, default_shape, context = torch_models.resolve_model(source)
-    shape = shape or default_shape
-    if shape is None:
-        raise InputError(source, "input_shape", "unknown input shape for this model: pass --input-shape")
-    with context:
-        return torch_trace.trace_model(model, shape, batch, optimizer=optimizer, repeats=repeats, seed=seed,
-                                       name=name or source, spec=source)
+    return trace_model_spec(source, batch=batch, input_shape=shape, optimizer=optimizer, repeats=repeats,
+                            seed=seed, name=name, progress=progress)
