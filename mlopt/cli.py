@@ -251,18 +251,26 @@ def solvers(check: bool, as_json: bool) -> None:
     """List MILP backends, their versions and availability (a size-limited Gurobi licence is reported)."""
     from mlopt.solvers.report import solver_report
 
+    from mlopt.solvers import resolve_solver
+
     rows = solver_report(check)
+    failed = [r["name"] for r in rows if r.get("check", "").startswith("FAILED")]
     if as_json:
         _print_json(rows)
-        return
-    from rich.console import Console
-    from rich.table import Table
+    else:
+        from rich.console import Console
+        from rich.table import Table
 
-    table = Table("solver", "available", "version", "note", *(["check"] if check else []))
-    for r in rows:
-        table.add_row(r["name"], "yes" if r["available"] else "no", r["version"], r["note"],
-                      *([r.get("check", "")] if check else []))
-    Console().print(table)
+        table = Table("solver", "available", "version", "note", *(["check"] if check else []))
+        for r in rows:
+            table.add_row(r["name"], "yes" if r["available"] else "no", r["version"], r["note"],
+                          *([r.get("check", "")] if check else []))
+        console = Console(width=None if sys.stdout.isatty() else 160)
+        console.print(table)
+        chosen, note = resolve_solver("auto")
+        console.print(f"--solver auto uses {chosen.name} ({note})")
+    if failed:
+        raise click.ClickException(f"known-optimum check failed on: {', '.join(failed)}")
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -192,3 +192,13 @@ def test_plan_of_unknown_kind_fails_validation(run_cli, tmp_path):
     save_plan(sample_plan(), tmp_path / "p.json")
     result = run_cli("validate", tmp_path / "p.json")
     assert result.code == 2 and "$.kind: no validator for plan kind 'memory'" in result.err
+
+
+def test_solvers_check_reports_the_embedded_default(run_cli):
+    result = run_cli("solvers", "--check", "--json")
+    assert result.code == 0
+    rows = {r["name"]: r for r in json.loads(result.out)}
+    assert set(rows) == {"highs", "cbc", "gurobi"}
+    assert rows["highs"]["available"] and rows["highs"]["check"].startswith("ok: knapsack optimum 20")
+    if not rows["gurobi"]["available"]:
+        assert rows["gurobi"]["note"] and "check" not in rows["gurobi"]
