@@ -215,3 +215,31 @@ def test_input_hashes_hash_files_and_names(tmp_path):
     hashes = input_hashes({"model": str(f), "topology": "ndv2x2", "sketch": None})
     assert hashes["model"] == sha256_file(f) and len(hashes["topology"]) == 64 and "sketch" not in hashes
     assert json.loads(canonical_json(hashes)) == hashes
+
+
+def test_planner_options_map_to_solve_options():
+    from mlopt.planners.options import PlannerOptions
+
+    opts = PlannerOptions(time_limit_s=5.0, mip_gap=0.01, threads=2, seed=7, dump_model="m.mps")
+    solve = opts.solve_options("-stage1")
+    assert (solve.time_limit_s, solve.mip_gap, solve.threads, solve.seed) == (5.0, 0.01, 2, 7)
+    assert solve.dump_model == "m-stage1.mps"
+    assert "dump_model" not in opts.to_dict() and opts.to_dict()["seed"] == 7
+
+
+def test_plan_from_solve_keeps_the_solver_verdict(tmp_path):
+    from mlopt.planners.options import PlannerOptions
+    from mlopt.planners.result import heuristic_plan, plan_from_solve
+    from mlopt.solvers import Model, SolveOptions, get_solver
+
+    model = Model()
+    x = [model.add_binary(n) for n in "abc"]
+    model.add_le(x, [4, 6, 3], 9)
+    model.set_objective(x, [10, 13, 7], sense="max")
+    result = get_solver("highs").solve(model, SolveOptions())
+    plan = plan_from_solve("demo", result, {"x": list(result.x)}, {"model": "ndv2"}, PlannerOptions(), 0.5)
+    assert plan.status is PlanStatus.OPTIMAL and plan.objective == pytest.approx(20) and plan.gap == 0
+    save_plan(plan, tmp_path / "p.json")
+    assert load_plan(tmp_path / "p.json").provenance["solver"]["name"] == "highs"
+    base = heuristic_plan("demo", 17.0, {}, {}, PlannerOptions(), 0.1)
+    assert base.status is PlanStatus.HEURISTIC and base.best_bound is None and base.gap is None

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from mlopt.solvers import SolveOptions
+
 
 @dataclass(frozen=True)
 class PlannerOptions:
@@ -22,3 +24,12 @@ class PlannerOptions:
         d.pop("dump_model")
         d.pop("record_wall_time")
         return d
+
+    def solve_options(self, dump_suffix: str = "") -> SolveOptions:
+        """Options for one solve; a planner with several solves names each dump with a suffix."""
+        dump = None
+        if self.dump_model:
+            stem = self.dump_model[:-4] if self.dump_model.endswith(".mps") else self.dump_model
+            dump = f"{stem}{dump_suffix}.mps"
+        return SolveOptions(time_limit_s=self.time_limit_s, mip_gap=self.mip_gap, threads=self.threads,
+                            seed=self.seed, dump_model=dump)
