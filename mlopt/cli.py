@@ -168,6 +168,8 @@ def validate(ctx: click.Context, files: tuple[str, ...], model_path, topology_sp
 @click.argument("source")
 @click.option("-o", "--output", required=True, type=click.Path(), help="Trace file to write (mlopt.trace JSON).")
 @click.option("--kineto", default=None, help="Kineto JSON for per-op durations (ET import).")
+@click.option("--rank", type=click.IntRange(min=0), default=None,
+              help="Rank of the ET's process (default: from Kineto's distributedInfo, else 0).")
 @click.option("--step-scope", default=None, help="record_function name of the step in the ET (default: largest ## ... ##).")
 @click.option("--batch", type=click.IntRange(min=1), default=32, show_default=True, help="Batch size (model tracing).")
 @click.option("--input-shape", default=None, help="Per-sample input shape such as 3,224,224 (model tracing).")
@@ -179,7 +181,7 @@ def validate(ctx: click.Context, files: tuple[str, ...], model_path, topology_sp
 @click.option("--name", default=None, help="Name recorded in the trace.")
 @click.option("--json", "as_json", is_flag=True, help="Print a summary on stdout.")
 @click.pass_context
-def trace(ctx: click.Context, source: str, output: str, kineto, step_scope, batch, input_shape, optimizer, repeats,
+def trace(ctx: click.Context, source: str, output: str, kineto, rank, step_scope, batch, input_shape, optimizer, repeats,
           seed, name, as_json) -> None:
     """Make a model trace: import a PyTorch Execution Trace file, or trace MODULE:CALLABLE on CPU.
 
@@ -190,7 +192,7 @@ def trace(ctx: click.Context, source: str, output: str, kineto, step_scope, batc
     from mlopt.formats.trace_sources import make_trace
 
     with _progress(ctx, f"tracing {source}") as progress:
-        result = make_trace(source, kineto=kineto, step_scope=step_scope, batch=batch, input_shape=input_shape,
+        result = make_trace(source, kineto=kineto, rank=rank, step_scope=step_scope, batch=batch, input_shape=input_shape,
                             optimizer=optimizer, repeats=repeats, seed=seed, name=name, progress=progress)
     save_trace(result, output)
     summary = {

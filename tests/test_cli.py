@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conftest import reference
+from conftest import REPO, reference
 from mlopt.formats.io import write_json
 from mlopt.formats.topology import from_spec
 from test_formats import small_trace
@@ -202,3 +202,39 @@ def test_solvers_check_reports_the_embedded_default(run_cli):
     assert rows["highs"]["available"] and rows["highs"]["check"].startswith("ok: knapsack optimum 20")
     if not rows["gurobi"]["available"]:
         assert rows["gurobi"]["note"] and "check" not in rows["gurobi"]
+
+
+def test_trace_imports_the_example_and_plan_uses_it(run_cli, tmp_path):
+    et = "examples/ddp_mlp/rank0.et.json.gz"
+    out = tmp_path / "trace.json"
+    result = run_cli("trace", REPO / et, "--kineto", REPO / "examples/ddp_mlp/rank0.kineto.json.gz", "-o", out, "--json")
+    assert result.code == 0
+    summary = json.loads(result.out)
+    assert summary["by_role"]["comm"] == 4 and summary["by_role"]["forward"] > 0
+    plans = run_cli("plan", "--model", out, "--topology", "ndv2x2", "-o", tmp_path / "plans")
+    assert plans.code == 0 and (tmp_path / "plans" / "index.json").exists()
+
+
+def test_trace_rank_option_overrides(run_cli, tmp_path):
+    one = reference("pytorch-trace", "ddp_gloo_mlp_host.1.et.json.gz")
+    out = tmp_path / "t.json"
+    assert run_cli("trace", one, "--rank", "1", "-o", out).code == 0
+    assert json.loads(out.read_text())["rank"] == 1
+
+
+@pytest.mark.parametrize(
+    "content, field",
+    [('{"schema": "1.0", "nodes": 5}', "$.nodes"), ('{"hello": 1}', "$.nodes")],
+)
+def test_trace_of_a_bad_et_exits_2_without_output(run_cli, tmp_path, content, field):
+    bad = _write(tmp_path / "bad.et.json", content)
+    out = tmp_path / "trace.json"
+    result = run_cli("trace", bad, "-o", out)
+    assert result.code == 2 and result.err.startswith(f"mlopt: error: {bad}: {field}: ")
+    assert not out.exists()
+
+
+def test_trace_of_unknown_model_spec(run_cli, tmp_path):
+    result = run_cli("trace", "nosuchpkg_xyz:build", "-o", tmp_path / "t.json")
+    assert result.code == 2 and "nosuchpkg_xyz:build: model:" in result.err
+    assert not (tmp_path / "t.json").exists()

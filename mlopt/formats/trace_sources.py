@@ -16,16 +16,16 @@ def parse_shape(text: str) -> tuple[int, ...]:
     return tuple(int(p) for p in parts)
 
 
-def make_trace(source: str, *, kineto: str | None = None, step_scope: str | None = None, batch: int = 32,
+def make_trace(source: str, *, kineto: str | None = None, rank: int | None = None, step_scope: str | None = None, batch: int = 32,
                input_shape: str | None = None, optimizer: str = "sgd", repeats: int = 3, seed: int = 0,
                name: str | None = None, progress: Callable[[str], None] | None = None) -> ModelTrace:
     """Import `source` if it is a file, else trace it as a `module:callable` model spec."""
     if os.path.exists(source):
         from mlopt.formats.importers.pytorch_et import import_pytorch_et
 
-        return import_pytorch_et(source, kineto, name=name, step_scope=step_scope)
-    if kineto:
-        raise InputError(source, "$", "no such file (--kineto applies to Execution Trace files)")
+        return import_pytorch_et(source, kineto, name=name, step_scope=step_scope, rank=rank)
+    if kineto or rank is not None:
+        raise InputError(source, "$", "no such file (--kineto and --rank apply to Execution Trace files)")
     if ":" not in source:
         raise InputError(source, "$", "no such file, and not a model spec like torchvision:resnet50")
     try:
