@@ -7,6 +7,7 @@ field), 3 for an infeasible problem (saying what would be feasible), 1 for anyth
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
 import warnings
 from pathlib import Path
@@ -58,10 +59,10 @@ def _topology_options(nodes: int | None, chunk_size: str | None, time_unit_us: f
     return TopologyOptions(nodes, _parse_size(chunk_size) if chunk_size else None, time_unit_us)
 
 
-def planner_options(func: Callable) -> Callable:
+def planner_options(func: Callable, output_required: bool = True) -> Callable:
     """The knobs every planner shares, mirroring mlopt.planners.options.PlannerOptions one to one."""
     decorators = [
-        click.option("-o", "--output", required=True, type=click.Path(), help="Where to write the plan(s)."),
+        click.option("-o", "--output", required=output_required, type=click.Path(), help="Where to write the plan(s)."),
         click.option("--solver", type=click.Choice(["auto", "highs", "cbc", "gurobi"]), default="auto",
                      show_default=True, help="MILP backend (auto: gurobi with a full licence, else highs)."),
         click.option("--time-limit", "time_limit_s", type=click.FloatRange(min=0, min_open=True), default=None,
@@ -214,7 +215,7 @@ def trace(ctx: click.Context, source: str, output: str, kineto, rank, step_scope
 @click.option("--model", "model_path", default=None, help="Trace to plan for (mlopt trace or PyTorch ET).")
 @click.option("--topology", "topology_spec", default=None, help="Topology preset or file.")
 @topology_options
-@planner_options
+@functools.partial(planner_options, output_required=False)  # required below, not for subcommands
 @click.pass_context
 def plan(ctx: click.Context, model_path, topology_spec, nodes, chunk_size, time_unit_us, **kwargs) -> None:
     """Run planners. With --model (and no subcommand): every planner that applies, one plan file each.
@@ -223,8 +224,8 @@ def plan(ctx: click.Context, model_path, topology_spec, nodes, chunk_size, time_
     """
     if ctx.invoked_subcommand is not None:
         return
-    if model_path is None:
-        raise click.UsageError("give --model TRACE (or a planner subcommand)")
+    if model_path is None or kwargs["output"] is None:
+        raise click.UsageError("give --model TRACE and -o DIR (or a planner subcommand)")
     from mlopt.formats.loaders import load_trace_any, resolve_topology
     from mlopt.planners.umbrella import plan_all
 

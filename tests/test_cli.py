@@ -238,3 +238,13 @@ def test_trace_of_unknown_model_spec(run_cli, tmp_path):
     result = run_cli("trace", "nosuchpkg_xyz:build", "-o", tmp_path / "t.json")
     assert result.code == 2 and "nosuchpkg_xyz:build: model:" in result.err
     assert not (tmp_path / "t.json").exists()
+
+
+def test_same_inputs_give_byte_identical_outputs(run_cli, tmp_path):
+    et, kineto = REPO / "examples/ddp_mlp/rank0.et.json.gz", REPO / "examples/ddp_mlp/rank0.kineto.json.gz"
+    for name in ("a", "b"):
+        assert run_cli("trace", et, "--kineto", kineto, "-o", tmp_path / name / "trace.json").code == 0
+        assert run_cli("plan", "--model", tmp_path / "a" / "trace.json", "--topology", "dgx2x2",
+                       "-o", tmp_path / name / "plans").code == 0
+    assert (tmp_path / "a/trace.json").read_bytes() == (tmp_path / "b/trace.json").read_bytes()
+    assert (tmp_path / "a/plans/index.json").read_bytes() == (tmp_path / "b/plans/index.json").read_bytes()
