@@ -27,21 +27,6 @@ def _print_json(value: Any) -> None:
     click.echo(canonical_json(value), nl=False)
 
 
-def _parse_size(text: str) -> float:
-    """`1MB`, `32KB`, `1e6` -> bytes (decimal units as TACCL names its profiles)."""
-    units = {"": 1, "B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "KIB": 1024, "MIB": 1024**2, "GIB": 1024**3}
-    t = text.strip().upper()
-    num = t.rstrip("KMGIB")
-    unit = t[len(num):]
-    try:
-        value = float(num)
-    except ValueError:
-        raise click.BadParameter(f"{text!r} is not a size like 1MB or 32KB") from None
-    if unit not in units or value <= 0:
-        raise click.BadParameter(f"{text!r} is not a size like 1MB or 32KB")
-    return value * units[unit]
-
-
 def topology_options(func: Callable) -> Callable:
     """Options for reading a topology: presets need none; TACCL node profiles may need all three."""
     func = click.option("--nodes", type=click.IntRange(min=1), default=None,
@@ -56,7 +41,9 @@ def topology_options(func: Callable) -> Callable:
 def _topology_options(nodes: int | None, chunk_size: str | None, time_unit_us: float):
     from mlopt.formats.loaders import TopologyOptions
 
-    return TopologyOptions(nodes, _parse_size(chunk_size) if chunk_size else None, time_unit_us)
+    from mlopt.formats.sizes import parse_size
+
+    return TopologyOptions(nodes, parse_size(chunk_size, "--chunk-size") if chunk_size else None, time_unit_us)
 
 
 def planner_options(func: Callable, output_required: bool = True) -> Callable:

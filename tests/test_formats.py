@@ -243,3 +243,28 @@ def test_plan_from_solve_keeps_the_solver_verdict(tmp_path):
     assert load_plan(tmp_path / "p.json").provenance["solver"]["name"] == "highs"
     base = heuristic_plan("demo", 17.0, {}, {}, PlannerOptions(), 0.1)
     assert base.status is PlanStatus.HEURISTIC and base.best_bound is None and base.gap is None
+
+
+@pytest.mark.parametrize("text, expected", [("1GiB", 2**30), ("64MiB", 64 * 2**20), ("32KB", 32000), ("4096", 4096),
+                                            ("1.5KiB", 1536), ("1e6", 10**6), ("8M", 8 * 2**20)])
+def test_parse_size(text, expected):
+    from mlopt.formats.sizes import parse_size
+
+    assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "-1MB", "1XB", "0.5", "MB"])
+def test_parse_size_rejects(text):
+    from mlopt.formats.sizes import parse_size
+
+    with pytest.raises(InputError, match="--size"):
+        parse_size(text)
+
+
+def test_parse_size_range():
+    from mlopt.formats.sizes import format_size, parse_size_range
+
+    assert parse_size_range("1KiB..64KiB") == [1024, 4096, 16384, 65536]
+    assert parse_size_range("1KiB..8KiB") == [1024, 4096, 8192]
+    assert parse_size_range("1KiB,1MiB") == [1024, 2**20]
+    assert [format_size(s) for s in (2**30, 1536, 1000)] == ["1GiB", "1536B", "1000B"]
