@@ -230,6 +230,96 @@ def plan(ctx: click.Context, model_path, topology_spec, nodes, chunk_size, time_
     _say(ctx, f"wrote {Path(kwargs['output']) / 'index.json'}")
 
 
+@plan.command("collective")
+@click.option("--topology", "topology_spec", required=True, help="Topology preset or file (ndv2x2, dgx2x2, ...).")
+@topology_options
+@click.option("--collective", required=True,
+              type=click.Choice(["allgather", "reducescatter", "allreduce", "alltoall", "broadcast", "reduce"]))
+@click.option("--size", "size_text", required=True,
+              help="Buffer size, nccl-tests' convention: output per rank (allgather, alltoall), the buffer "
+                   "(allreduce), input per rank (reducescatter). E.g. 1GiB.")
+@click.option("--sketch", "sketch_paths", multiple=True,
+              help="TACCL communication sketch JSON (repeatable; implies --algorithm taccl).")
+@click.option("--algorithm", type=click.Choice(["auto", "taccl", "ring", "tree", "direct", "hierarchical", "trees"]),
+              default="auto", show_default=True, help="auto: every applicable family, best simulated time wins.")
+@click.option("--instances", type=click.IntRange(1, 32), default=1, show_default=True,
+              help="Copies of the program over sub-chunks, each on its own channels.")
+@click.option("--proto", type=click.Choice(["Simple", "LL", "LL128"]), default="Simple", show_default=True)
+@click.option("--xml-dialect", type=click.Choice(["executor", "legacy"]), default="executor", show_default=True,
+              help="executor: the current MSCCL executor's strict dialect; legacy: the older msccl runtime.")
+@click.option("--root", type=click.IntRange(min=0), default=0, show_default=True, help="Root of broadcast/reduce.")
+@planner_options
+@click.pass_context
+def plan_collective_cmd(ctx: click.Context, topology_spec, nodes, chunk_size, time_unit_us, collective, size_text,
+                        sketch_paths, algorithm, instances, proto, xml_dialect, root, **kwargs) -> None:
+    """Synthesize a collective algorithm as MSCCL-EF XML (-o ag.xml) plus a JSON sidecar (ag.json)."""
+    from mlopt.formats.importers.taccl import import_taccl_sketch
+    from mlopt.formats.io import read_document
+    from mlopt.formats.loaders import resolve_topology
+    from mlopt.formats.sizes import parse_size
+    from mlopt.planners.collective.output import write_collective_plan
+    from mlopt.planners.collective.planner import CollectiveOptions, plan_collective
+
+    topology = resolve_topology(topology_spec, _topology_options(nodes, chunk_size, time_unit_us))
+    sketches = [(import_taccl_sketch(read_document(p), p), p) for p in sketch_paths]
+    if sketches and algorithm == "auto":
+        algorithm = "taccl"
+    copts = CollectiveOptions(collective, parse_size(size_text), algorithm, instances, proto, xml_dialect, root)
+    options = _planner_options_from(kwargs)
+    inputs = {"topology": topology_spec, **{f"sketch{i}": p for i, p in enumerate(sketch_paths)}}
+    with _progress(ctx, f"planning {collective} on {topology.name}") as progress:
+        result = plan_collective(topology, copts, options, inputs=inputs, sketches=sketches, progress=progress)
+    xml_path, sidecar = write_collective_plan(result, kwargs["output"], copts, options)
+    summary = {**result.plan.summary(), "xml": str(xml_path), "sidecar": str(sidecar),
+               "algorithm": result.plan.payload["algorithm"], "ratio_to_bound": result.plan.payload["ratio_to_bound"]}
+    if kwargs["as_json"]:
+        _print_json(summary)
+        return
+    p = result.plan.payload
+    _say(ctx, f"{p['algorithm']}: {p['predicted_time_us']:.1f} us ({p['algbw_GBps']:.2f} GB/s algbw), "
+              f"{p['ratio_to_bound']:.2f}x the lower bound {p['lower_bound']['time_us']:.1f} us "
+              f"({result.plan.status.value}); wrote {xml_path} and {sidecar}")
+
+
+@cli.command()
+@click.argument("files", nargs=-1, required=True)
+@click.option("--topology", "topology_spec", required=True, help="Topology preset or file.")
+@topology_options
+@click.option("--size", "size_text", default=None, help="One buffer size (nccl-tests' convention).")
+@click.option("--sizes", "sizes_text", default=None, help="Sizes: LO..HI (x4 steps) or a comma list, e.g. 1KiB..1GiB.")
+@click.option("--plot", "plot_path", type=click.Path(), default=None, help="Write a PNG of time vs size.")
+@click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
+def simulate(files, topology_spec, nodes, chunk_size, time_unit_us, size_text, sizes_text, plot_path, as_json) -> None:
+    """Time MSCCL-EF algorithms (XML files or collective plan sidecars) under the alpha-beta model."""
+    from mlopt.formats.loaders import resolve_topology
+    from mlopt.formats.sizes import parse_size, parse_size_range
+    from mlopt.sim.report import simulation_rows
+
+    if (size_text is None) == (sizes_text is None):
+        raise click.UsageError("give exactly one of --size and --sizes")
+    sizes = [parse_size(size_text)] if size_text else parse_size_range(sizes_text)
+    topology = resolve_topology(topology_spec, _topology_options(nodes, chunk_size, time_unit_us))
+    rows = simulation_rows(list(files), topology, sizes)
+    if plot_path:
+        from mlopt.sim.plots import plot_size_sweep
+
+        plot_size_sweep(rows, plot_path, title=f"{rows[0]['collective']} on {topology.name}")
+    if as_json:
+        _print_json(rows)
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    from mlopt.formats.sizes import format_size
+
+    table = Table("algorithm", "size", "time_us", "algbw GB/s", "busbw GB/s", "bound_us", "x bound",
+                  title=f"simulated on {topology.name}")
+    for r in rows:
+        table.add_row(r["algorithm"], format_size(r["buffer_bytes"]), f"{r['time_us']:.1f}", f"{r['algbw_GBps']:.2f}",
+                      f"{r['busbw_GBps']:.2f}", f"{r['bound_us']:.1f}", f"{r['time_us'] / r['bound_us']:.2f}")
+    Console(width=None if sys.stdout.isatty() else 160).print(table)
+
+
 # ---------------------------------------------------------------------------------------------------------
 # solvers
 

@@ -19,7 +19,9 @@ PayloadValidator = Callable[[PlanFile, str, "str | None", "str | None"], str]
 
 def payload_validators() -> dict[str, PayloadValidator]:
     """Validators for plan payloads, one per planner kind available in this release."""
-    return {}
+    from mlopt.planners.collective.validate import validate_collective_plan
+
+    return {"collective": validate_collective_plan}
 
 
 @dataclass(frozen=True)
@@ -45,9 +47,17 @@ def _detail(loaded: Loaded) -> str:
     return ""
 
 
+def _check_msccl(loaded: Loaded) -> str:
+    from mlopt.planners.collective.validate import proven_program
+
+    return proven_program(loaded.value, loaded.source)
+
+
 def validate_file(path: str, model_path: str | None = None, topology_spec: str | None = None) -> ValidationResult:
     """Validate one file; raises InputError (exit 2) on the first problem."""
     loaded = load_any(path)
+    if loaded.kind == "msccl":
+        return ValidationResult(path, "msccl-ef program", _check_msccl(loaded))
     if loaded.kind != "plan":
         return ValidationResult(path, loaded.kind, _detail(loaded))
     plan: PlanFile = loaded.value

@@ -268,3 +268,11 @@ def test_parse_size_range():
     assert parse_size_range("1KiB..8KiB") == [1024, 4096, 8192]
     assert parse_size_range("1KiB,1MiB") == [1024, 2**20]
     assert [format_size(s) for s in (2**30, 1536, 1000)] == ["1GiB", "1536B", "1000B"]
+
+
+def test_atomic_write_gives_ordinary_permissions(tmp_path):
+    target = tmp_path / "plan.json"
+    atomic_write_text(target, "x")
+    old = os.umask(0o022)
+    os.umask(old)
+    assert target.stat().st_mode & 0o777 == 0o666 & ~old

@@ -101,6 +101,7 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.chmod(tmp, _new_file_mode())  # mkstemp makes 0600; a plan is an ordinary file
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()
@@ -112,6 +113,13 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
         except FileNotFoundError:
             pass
         raise
+
+
+def _new_file_mode() -> int:
+    """0666 less the process umask, as open() would give (umask can only be read by setting it)."""
+    umask = os.umask(0o022)
+    os.umask(umask)
+    return 0o666 & ~umask
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 from mlopt.errors import InputError
 from mlopt.formats import document
 from mlopt.formats.importers import taccl
-from mlopt.formats.io import read_document
+from mlopt.formats.io import parse_document, read_bytes, read_document
 from mlopt.formats.plan import PlanFile, plan_from_dict
 from mlopt.formats.topology import Topology, from_spec, replicate
 from mlopt.formats.trace import ModelTrace
@@ -53,7 +53,7 @@ def load_trace_any(path: str) -> ModelTrace:
 class Loaded:
     """Any file mlopt understands, after detection."""
 
-    kind: str  # "topology", "trace", "plan", "plan-index", "taccl-sketch"
+    kind: str  # "topology", "trace", "plan", "plan-index", "taccl-sketch", "msccl"
     value: Any
     source: str
 
@@ -62,9 +62,12 @@ def load_any(spec: str, topology_options: TopologyOptions = TopologyOptions()) -
     """Detect what a file (or preset name) is and load it with full validation."""
     if not os.path.exists(spec):
         return Loaded("topology", resolve_topology(spec, topology_options), spec)
-    if Path(spec).suffix.lower() == ".xml":
-        raise InputError(spec, "$", "MSCCL-EF XML is read by the collective planner (not yet available)")
-    doc = read_document(spec)
+    raw = read_bytes(spec)
+    if Path(spec).suffix.lower() == ".xml" or raw.lstrip()[:1] == b"<":
+        from mlopt.formats.msccl_xml import parse_program
+
+        return Loaded("msccl", parse_program(raw, spec), spec)
+    doc = parse_document(raw, spec)
     fmt = document.format_of(doc)
     if fmt == document.TOPOLOGY.name or taccl.looks_like_taccl_topology(doc):
         return Loaded("topology", resolve_topology(spec, topology_options), spec)

@@ -144,7 +144,7 @@ def candidates(topology: Topology, copts: CollectiveOptions, options: PlannerOpt
                         for sk, src in sketches]
             else:
                 out.append(Candidate("taccl", "taccl", _taccl(topology, None, "<default sketch>", copts, options)))
-                if topology.switches and copts.algorithm == "auto":
+                if any(s.kind == "nvswitch" for s in topology.switches) and copts.algorithm == "auto":
                     # The other switch-hyperedge strategy than the size-based default (uc-max small, uc-min large).
                     out.append(Candidate("taccl[uc-min]", "taccl",
                                          _taccl(topology, None, "<default sketch>", copts, options, 0.0)))

@@ -1,0 +1,30 @@
+"""Writing a collective plan: the MSCCL-EF XML and its JSON sidecar (plan envelope), atomically."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from mlopt.formats.io import atomic_write_text, sha256_bytes, write_json
+from mlopt.formats.msccl_xml import parse_program, write_program
+from mlopt.planners.collective.planner import CollectiveOptions, CollectivePlan
+from mlopt.planners.options import PlannerOptions
+
+
+def sidecar_path(xml_path: Path) -> Path:
+    """ag.xml -> ag.json; anything else gets `.json` appended."""
+    return xml_path.with_suffix(".json") if xml_path.suffix == ".xml" else xml_path.with_name(xml_path.name + ".json")
+
+
+def write_collective_plan(result: CollectivePlan, output: str, copts: CollectiveOptions,
+                          options: PlannerOptions) -> tuple[Path, Path]:
+    """XML first, then the sidecar that names it by hash; the text written is re-read and compared."""
+    xml_path = Path(output)
+    text = write_program(result.program, copts.xml_dialect)
+    if parse_program(text, str(xml_path), copts.xml_dialect) != result.program:
+        raise AssertionError("the XML writer and reader disagree on this program")  # a bug, never user input
+    payload = {**result.plan.payload, "xml": xml_path.name, "xml_sha256": sha256_bytes(text.encode("utf-8"))}
+    plan = result.plan.__class__(**{**result.plan.__dict__, "payload": payload})
+    sidecar = sidecar_path(xml_path)
+    atomic_write_text(xml_path, text)
+    write_json(sidecar, plan.to_dict(options.record_wall_time))
+    return xml_path, sidecar
