@@ -14,7 +14,7 @@ making the winner (taccl, trees) and "heuristic" for baselines.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from mlopt.errors import InfeasibleError, InputError
@@ -120,7 +120,8 @@ def _trees(topology: Topology, copts: CollectiveOptions, options: PlannerOptions
         mode = "allreduce" if kind in ("allreduce", "reducescatter", "reduce") else "broadcast" if kind == "broadcast" else "allgather"
         root = copts.root if kind in ("broadcast", "reduce") else None
         packing = packing_lp(topology, options=options, mode=mode, root=root)
-        k = trees_schedule.choose_chunks_per_rank(topology, packing, kind=kind, buffer_bytes=copts.size_bytes, root=root)
+        k = trees_schedule.choose_chunks_per_rank(topology, packing, kind=kind, buffer_bytes=copts.size_bytes, root=root,
+                                                 max_chunks_per_rank=TREES_MAX_CHUNKS_PER_RANK)
         fn = {"allreduce": trees_schedule.tree_allreduce, "reduce": trees_schedule.tree_reduce,
               "broadcast": trees_schedule.tree_broadcast, "allgather": trees_schedule.tree_allgather,
               "reducescatter": trees_schedule.tree_reducescatter}.get(kind)
@@ -132,24 +133,68 @@ def _trees(topology: Topology, copts: CollectiveOptions, options: PlannerOptions
     return build
 
 
+AUTO_STAGE_TIME_LIMIT_S = 20.0  # per MILP stage when auto tries several sketches and --time-limit is unset
+TREES_MAX_CHUNKS_PER_RANK = 8  # keeps tree programs small enough to lower, prove and simulate quickly
+
+
+def default_sketches(topology: Topology) -> list[tuple[Sketch, str]]:
+    """Relay sketches in the style of TACCL's published ones, derived from the topology's NICs.
+
+    Multi-node topologies only: the GPUs sharing a NIC funnel their chunks through one sender, which sends
+    to the same local GPU of the other nodes (TACCL's sk1 for DGX-2: odd GPUs relay for their pair); one
+    NIC per node (NDv2) relays everything through GPU 0 to GPU 1 (TACCL's sk1-ndv2).
+    """
+    from mlopt.formats.importers.taccl import import_taccl_sketch
+
+    if topology.num_nodes < 2 or not topology.nics:
+        return []
+    gpus = len(topology.nodes[0].ranks)
+    if any(len(n.ranks) != gpus for n in topology.nodes):
+        return []
+    first = topology.nodes[0].ranks[0]
+    groups = [tuple(r - first for r in nic.ranks) for nic in topology.nics if nic.node == topology.nodes[0].name]
+    switched = [s for s in topology.switches if s.kind == "nvswitch"]
+    intra = ({"strategy": "switch", "switches": [list(range(gpus))], "switch_hyperedge_strategy": ["uc-min"]}
+             if switched else {"strategy": "none"})
+    total = topology.num_ranks
+    if len(groups) == 1:  # one NIC for the whole node
+        conn, rev, sym, chunkup = {"0": [1]}, {}, [[gpus, total]], 1
+    else:
+        conn = {str(g[-1]): [g[0]] for g in groups}
+        rev = {str(g[-1]): list(g) for g in groups}
+        sym, chunkup = [[len(groups[0]), gpus], [gpus, total]], 2
+    doc = {"nnodes": topology.num_nodes, "intranode_sketch": intra,
+           "internode_sketch": {"strategy": "relay", "internode_conn": conn, "gpus_to_sender_rev_map": rev,
+                                "enforce_ordering": bool(rev)},
+           "symmetry_offsets": sym, "hyperparameters": {"input_chunkup": chunkup}}
+    name = f"<relay sketch for {topology.name}>"
+    return [(import_taccl_sketch(doc, name), name)]
+
+
 def candidates(topology: Topology, copts: CollectiveOptions, options: PlannerOptions,
                sketches: list[tuple[Sketch, str]]) -> list[Candidate]:
     """What to try: the requested family, or for auto every family that applies to the collective."""
     families = [copts.algorithm] if copts.algorithm != "auto" else list(ALGORITHMS[1:])
+    if copts.algorithm == "auto" and options.time_limit_s is None:
+        options = replace(options, time_limit_s=AUTO_STAGE_TIME_LIMIT_S)
     out: list[Candidate] = []
     for family in families:
         if family == "taccl":
             if sketches:
                 out += [Candidate(f"taccl[sketch={src}]", "taccl", _taccl(topology, sk, src, copts, options))
                         for sk, src in sketches]
+                continue
+            if any(s.kind == "nvswitch" for s in topology.switches) and copts.algorithm == "auto":
+                # Both switch-hyperedge strategies instead of the size-based default.
+                out.append(Candidate("taccl[uc-min]", "taccl",
+                                     _taccl(topology, None, "<default sketch>", copts, options, 0.0)))
+                out.append(Candidate("taccl[uc-max]", "taccl",
+                                     _taccl(topology, None, "<default sketch>", copts, options, float("inf"))))
             else:
                 out.append(Candidate("taccl", "taccl", _taccl(topology, None, "<default sketch>", copts, options)))
-                if any(s.kind == "nvswitch" for s in topology.switches) and copts.algorithm == "auto":
-                    # The other switch-hyperedge strategy than the size-based default (uc-max small, uc-min large).
-                    out.append(Candidate("taccl[uc-min]", "taccl",
-                                         _taccl(topology, None, "<default sketch>", copts, options, 0.0)))
-                    out.append(Candidate("taccl[uc-max]", "taccl",
-                                         _taccl(topology, None, "<default sketch>", copts, options, float("inf"))))
+            if copts.algorithm == "auto" and copts.collective != "alltoall":
+                out += [Candidate("taccl[relay]", "taccl", _taccl(topology, sk, src, copts, options))
+                        for sk, src in default_sketches(topology)]
         elif family == "trees":
             out.append(Candidate("trees", "trees", _trees(topology, copts, options)))
         else:
