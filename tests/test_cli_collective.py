@@ -123,3 +123,15 @@ def test_no_algorithm_exits_3(run_cli, tmp_path):
                      "--algorithm", "direct", "-o", tmp_path / "a.xml")
     assert result.code == 3 and "no algorithm for alltoall" in result.err and "direct" in result.err
     assert not (tmp_path / "a.xml").exists()
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--size", "1000"], "do not split into 16 equal rank shares"),
+    (["--size", "12XB"], "is not a size"),
+    (["--size", "1MiB", "--root", "99"], "rank 99 is not in"),
+])
+def test_bad_sizes_and_roots_exit_2(run_cli, tmp_path, args, fragment):
+    result = run_cli("plan", "collective", "--topology", "ndv2x2", "--collective", "allgather", *args,
+                     "-o", tmp_path / "a.xml")
+    assert result.code == 2 and fragment in result.err and "\n" not in result.err.strip()
+    assert not (tmp_path / "a.xml").exists()

@@ -246,6 +246,12 @@ def plan_collective(topology: Topology, copts: CollectiveOptions, options: Plann
     """Try the candidates, keep the fastest proven-correct one; InfeasibleError when none works."""
     if copts.collective not in COLLECTIVES:
         raise InputError("--collective", "$", f"unknown collective {copts.collective!r}")
+    shares = 1 if copts.collective in ("broadcast", "reduce") else topology.num_ranks
+    if copts.size_bytes % shares:
+        raise InputError("--size", "$", f"{copts.size_bytes} bytes do not split into {shares} equal rank shares "
+                         f"for {copts.collective} on {topology.name}; use a multiple of {shares}")
+    if copts.root >= topology.num_ranks:
+        raise InputError("--root", "$", f"rank {copts.root} is not in {topology.name} ({topology.num_ranks} ranks)")
     report = progress or (lambda message: None)
     started = time.perf_counter()
     outcomes = []
