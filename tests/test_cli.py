@@ -211,8 +211,15 @@ def test_trace_imports_the_example_and_plan_uses_it(run_cli, tmp_path):
     assert result.code == 0
     summary = json.loads(result.out)
     assert summary["by_role"]["comm"] == 4 and summary["by_role"]["forward"] > 0
-    plans = run_cli("plan", "--model", out, "--topology", "ndv2x2", "-o", tmp_path / "plans")
-    assert plans.code == 0 and (tmp_path / "plans" / "index.json").exists()
+    plans = run_cli("plan", "--model", out, "--topology", "fully-connected:2", "-o", tmp_path / "plans", "--json")
+    assert plans.code == 0
+    index = json.loads(plans.out)
+    # DDP's two gradient buckets and its two bucket-rebuild broadcasts, each planned as MSCCL-EF XML
+    assert sorted(p["file"] for p in index["plans"]) == [
+        "collective-allreduce-1028KiB.json", "collective-allreduce-4460800B.json",
+        "collective-broadcast-28B.json", "collective-broadcast-8B.json"]
+    checked = run_cli("validate", *sorted((tmp_path / "plans").glob("*.json")), "--json")
+    assert checked.code == 0 and len(json.loads(checked.out)) == 5
 
 
 def test_trace_rank_option_overrides(run_cli, tmp_path):

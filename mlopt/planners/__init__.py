@@ -8,7 +8,8 @@ umbrella command reports each as not available.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from pathlib import Path
+from typing import Any, Callable
 
 from mlopt.formats.plan import Plan
 from mlopt.formats.topology import Topology
@@ -17,12 +18,20 @@ from mlopt.planners.options import PlannerOptions
 
 
 @dataclass(frozen=True)
+class WrittenPlan:
+    """One plan file a planner wrote into the output folder (its own extra files, e.g. XML, beside it)."""
+
+    file: str  # name relative to the output folder
+    plan: Plan
+
+
+@dataclass(frozen=True)
 class PlannerEntry:
     kind: str
     # None when the planner applies, else the reason it does not (e.g. "trace has no comm ops")
     why_not: Callable[[ModelTrace, Topology | None], str | None]
-    run: Callable[[ModelTrace, Topology | None, PlannerOptions], Plan]
-    file_suffix: str = ".plan.json"
+    # Plans for the trace, written atomically into the output folder; `inputs` names input files for provenance
+    run: Callable[[ModelTrace, Topology | None, PlannerOptions, Path, dict[str, Any]], list[WrittenPlan]]
 
 
 PLANNER_KINDS = ("memory", "collective", "threads", "schedule")
@@ -30,4 +39,6 @@ PLANNER_KINDS = ("memory", "collective", "threads", "schedule")
 
 def registered_planners() -> tuple[PlannerEntry, ...]:
     """Planners available in this release, in the order the umbrella command runs them."""
-    return ()
+    from mlopt.planners.collective import from_trace
+
+    return (PlannerEntry("collective", from_trace.why_not, from_trace.run),)

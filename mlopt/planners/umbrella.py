@@ -8,7 +8,7 @@ from typing import Any
 from mlopt import __version__
 from mlopt.formats import document
 from mlopt.formats.io import write_json
-from mlopt.formats.plan import input_hashes, save_plan
+from mlopt.formats.plan import input_hashes
 from mlopt.formats.topology import Topology
 from mlopt.formats.trace import ModelTrace
 from mlopt.planners import PLANNER_KINDS, registered_planners
@@ -29,11 +29,9 @@ def plan_all(trace: ModelTrace, topology: Topology | None, options: PlannerOptio
         if reason:
             skipped.append({"kind": kind, "reason": reason})
             continue
-        result = entry.run(trace, topology, options)
-        file_name = f"{kind}{entry.file_suffix}"
-        save_plan(result, out_dir / file_name, options.record_wall_time)
-        plans.append({"kind": kind, "file": file_name, "status": result.status.value,
-                      "objective": result.objective, "gap": result.gap})
+        for written in entry.run(trace, topology, options, out_dir, inputs):
+            plans.append({"kind": kind, "file": written.file, "status": written.plan.status.value,
+                          "objective": written.plan.objective, "gap": written.plan.gap})
     index = {
         **document.header(document.PLAN_INDEX),
         "mlopt_version": __version__,
