@@ -1,0 +1,39 @@
+"""The collective planner on every collective: the winner is proven, never beats the bound, and the plan says so."""
+
+from __future__ import annotations
+
+import pytest
+
+from mlopt.formats.plan import PlanStatus
+from mlopt.formats.topology import from_spec
+from mlopt.planners.collective.planner import CollectiveOptions, default_sketches, plan_collective
+from mlopt.planners.options import PlannerOptions
+from mlopt.sim.symbolic import check_program
+
+CASES = [(t, c) for t in ("ring:4", "switch:4", "ndv2") for c in
+         ("allgather", "reducescatter", "allreduce", "alltoall", "broadcast", "reduce")]
+
+
+@pytest.mark.parametrize("topology, collective", CASES)
+def test_auto_plan_is_proven_and_bounded(topology, collective):
+    topo = from_spec(topology)
+    result = plan_collective(topo, CollectiveOptions(collective, 64 * 1024, root=1), PlannerOptions(time_limit_s=10),
+                             inputs={"topology": topology})
+    plan, payload = result.plan, result.plan.payload
+    report = check_program(result.program)
+    assert report.ok, report.summary()
+    assert plan.objective == payload["predicted_time_us"] >= plan.best_bound * (1 - 1e-9)
+    assert plan.gap == pytest.approx((plan.objective - plan.best_bound) / plan.objective)
+    assert plan.status is PlanStatus.OPTIMAL if plan.gap <= 1e-4 else plan.status is not PlanStatus.OPTIMAL
+    ok = [c for c in payload["candidates"] if c["ok"]]
+    assert min(c["time_us"] for c in ok) == payload["predicted_time_us"], "the fastest proven candidate wins"
+    assert all(c["reason"] for c in payload["candidates"] if not c["ok"]), "every failure says why"
+
+
+def test_relay_sketches_follow_the_nics():
+    (sketch, _), = default_sketches(from_spec("dgx2x2"))
+    assert sketch.internode_conn == {k: (k - 1,) for k in range(1, 16, 2)}
+    assert sketch.gpus_to_sender_rev_map[3] == (2, 3) and sketch.symmetry_offsets == ((2, 16), (16, 32))
+    (ndv2, _), = default_sketches(from_spec("ndv2x2"))
+    assert ndv2.internode_conn == {0: (1,)} and ndv2.symmetry_offsets == ((8, 16),)
+    assert default_sketches(from_spec("ndv2")) == []
