@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import random
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 
 from mlopt.formats.msccl import MAX_STEPS_PER_THREADBLOCK, SENDING_STEPS
 from mlopt.formats.msccl_xml import check_limits, parse_program, write_program
+from mlopt.formats.topology import Link, Node, Topology, from_spec
 from mlopt.planners.collective.algorithm import Algorithm, Transfer, check_algorithm
 from mlopt.planners.collective.lowering import LoweringError, lower, lowered_spec
 from mlopt.sim.collectives import CollectiveSpec
+from mlopt.sim.network import simulate_program
 from mlopt.sim.symbolic import check_program
 
 
@@ -130,6 +133,51 @@ def test_fusion_only_when_the_forward_keeps_fifo_order():
     assert [st.type for st in tb.steps] == ["r", "s", "s", "rcs", "s"]
 
 
+def test_a_forward_does_not_hold_up_another_send_of_the_same_data():
+    # rank 1 receives chunk 0 and passes it to ranks 2 and 3 at once. Fused into the receive, one forward would
+    # make the other wait for it (a dependency waits for the whole rcs step, its send included): r, then both
+    # sends in parallel.
+    spec = CollectiveSpec("allgather", 4, 1)
+    ts = [Transfer(0, 0, 1, 0), Transfer(0, 1, 2, 1), Transfer(0, 1, 3, 1)]
+    ts += [Transfer(c, c, d, 0) for c in (1, 2, 3) for d in range(4) if d != c]
+    alg = Algorithm("fan-out", spec, tuple(ts))
+    p = verified(alg)
+    assert not any(st.type == "rcs" for tb in p.gpus[1].tbs for st in tb.steps)
+    sim = simulate_program(p, from_spec("fully-connected:4"), 4 * 2**20)
+    assert sim.time_us == pytest.approx(2 * (0.7 + 46 * 2**20 / 1e6))
+
+
+def three_ranks_with_a_slow_link() -> Topology:
+    fast, slow = 46.0, 460.0  # us/MB
+    links = [Link(a, b, 0.7, slow if (a, b) == (0, 1) else fast, "nvlink") for a in range(3) for b in range(3)
+             if a != b]
+    return Topology("slow-0-1", (Node("node0", (0, 1, 2)),), tuple(links))
+
+
+def test_a_send_is_not_held_behind_a_receive_that_arrives_later():
+    # Rank 1 relays chunk 0 from rank 0 (slow link) to rank 2, and sends its own chunk 1 to rank 2 meanwhile.
+    # Steps put the receive of chunk 0 (step 0) before the send of chunk 1 (step 1), but the schedule starts
+    # that send at 0, long before chunk 0 arrives: the threadblock follows the schedule (send, then the
+    # receive-copy-send when chunk 0 is there) and the program takes the schedule's time.
+    mb = 2**20
+    fast, slow = 0.7 + 46 * mb / 1e6, 0.7 + 460 * mb / 1e6
+    spec = CollectiveSpec("allgather", 3, 1)
+    ts = [Transfer(0, 0, 1, 0, start_us=0.0), Transfer(0, 1, 2, 2, start_us=slow),
+          Transfer(1, 1, 2, 1, start_us=0.0), Transfer(1, 1, 0, 1, start_us=0.0),
+          Transfer(2, 2, 0, 0, start_us=0.0), Transfer(2, 2, 1, 0, start_us=0.0), Transfer(0, 0, 2, 0, start_us=0.0)]
+    ts[-1] = Transfer(0, 0, 2, 3, start_us=slow + fast)  # a redundant copy keeps the 0 -> 2 link busy late
+    alg = Algorithm("relay", spec, tuple(ts))
+    assert check_algorithm(alg) == []
+    topo = three_ranks_with_a_slow_link()
+    timed = verified(alg)
+    tb = next(tb for tb in timed.gpus[1].tbs if tb.send == 2)
+    assert [st.type for st in tb.steps] == ["s", "rcs"]
+    makespan = slow + fast
+    assert simulate_program(timed, topo, 3 * mb).time_us == pytest.approx(makespan)
+    untimed = verified(Algorithm("relay", spec, tuple(replace(t, start_us=None) for t in ts)))
+    assert simulate_program(untimed, topo, 3 * mb).time_us > makespan + fast / 2  # step order: head-of-line
+
+
 # --------------------------------------------------------------------------------------------------------------
 # Dependencies
 
@@ -242,6 +290,31 @@ def test_a_threadblock_over_64_steps_is_split_over_channels():
         lower(alg, channels=1)
     p4 = verified(alg, channels=4)
     assert p4.nchannels == 4
+
+
+def test_channels_are_consecutive_phases_of_the_algorithm():
+    # ring allgather on 3 ranks, 24 chunks per rank: a rank's (recv prev, send next) threadblock needs 96 steps,
+    # so two channels. Channel 0 runs step 0, channel 1 step 1, and channel 1 starts where channel 0 ends: a
+    # link's messages stay in the algorithm's order instead of two threadblocks sharing the link at once.
+    alg = ring_allgather(3, 24)
+    p = verified(alg, bounded=False)
+    assert p.nchannels == 2
+    for gpu in p.gpus:
+        by_chan = {tb.chan: tb for tb in gpu.tbs if tb.send >= 0}
+        assert set(by_chan) == {0, 1}
+        first, second = by_chan[0], by_chan[1]
+        assert (first.send, first.recv) == (second.send, second.recv)
+        assert (second.steps[0].depid, second.steps[0].deps) == (first.id, len(first.steps) - 1)
+        assert first.steps[-1].hasdep
+    sim = simulate_program(p, from_spec("fully-connected:3"), 3 * 24 * 2**20, timeline=True)
+    per_link: dict = {}
+    for e in sim.timeline:
+        per_link.setdefault((e.src, e.dst), []).append((e.start_us, e.end_us))
+    for spans in per_link.values():
+        spans.sort()
+        assert all(b[0] >= a[1] - 1e-6 for a, b in zip(spans, spans[1:]))  # one message at a time per link
+    lat = 0.7 + 46 * 2**20 / 1e6
+    assert sim.time_us == pytest.approx(2 * 24 * lat)
 
 
 def test_channel_and_option_limits():
@@ -389,3 +462,8 @@ def test_random_algorithms_lower_to_correct_programs(seed):
         program = verified(alg, bounded=False, **opts)
         sent = sum(st.cnt for st in all_steps(program) if st.type in SENDING_STEPS)
         assert sent >= len(alg.transfers) // max(1, 71)
+        # with start times (a schedule that follows the steps, or arbitrary ones): timed order, still correct
+        for timing in ("schedule", "arbitrary"):
+            ts = [replace(t, start_us=(10.0 * t.step + rng.random() * (5 if timing == "schedule" else 1000)))
+                  for t in alg.transfers]
+            verified(Algorithm(alg.name, alg.spec, tuple(ts)), bounded=False, **opts)

@@ -713,10 +713,16 @@ def simulate_program(program: Program, topology: Topology, buffer_bytes: float, 
     receiver buffers without limit (MSCCL's NCCL_STEPS slots are not modelled), so a send never waits for
     its receiver. Sending steps (s, rcs, rrs, rrcs) put cnt chunks on the link after the receive part and
     finish when the message is delivered (conservative: no slice pipelining inside a step, so rcs
-    forwards store-and-forward as in TACCL's model). Costs: r and nop are free; cpy and re move cnt chunks
-    through the rank's memory at `local_GBps` (shared by concurrent local steps; None: free); rrs, rrc,
-    rrcs add cnt chunks / `reduce_GBps` of compute (None, the default: free, as MSCCL reduces while the
-    data streams in).
+    forwards store-and-forward as in TACCL's model). Against the executor (msccl-executor-nccl,
+    prims_simple.h genericOp: per slice, waitPeer for a free FIFO slot, reduceCopy by the threadblock's
+    threads, postPeer): a send is copied by the threadblock itself, so holding it until delivery is what
+    happens over NVLink/NVSwitch P2P; over the network transport the last slices may sit in the proxy's
+    FIFO (NCCL_STEPS slots, 4 MiB by default) when the step ends, and rcs/rrs forward slice by slice as the
+    data arrives: both only make the executor faster than this model. A step that depends on an rcs waits
+    for its send too (flags are set when a step completes), as here. Costs: r and nop are free; cpy and re
+    move cnt chunks through the rank's memory at `local_GBps` (shared by concurrent local steps; None:
+    free); rrs, rrc, rrcs add cnt chunks / `reduce_GBps` of compute (None, the default: free, as MSCCL
+    reduces while the data streams in).
 
     Errors: InputError (exit 2 in the CLI) when the program does not fit the topology (more ranks than
     the topology, a bad rank_map, a send over a link the topology lacks), when sends and receives do not

@@ -7,10 +7,22 @@ give the same program.
 
 ## Order
 
-Transfers are ordered by (step, position in `alg.transfers`): the order `check_algorithm` replays them in. For
-transfer number g (in that order) with step s, its send has key (s, 0, g) and its receive (s, 1, g): a rank
-issues all sends of a step before the receives of that step, which is exactly the replay's rule that a
-transfer carries what its source held *before* the step. Every threadblock issues its steps in key order.
+Transfers are numbered by (step, position in `alg.transfers`): the order `check_algorithm` replays them in.
+Values (which version of a chunk a transfer carries) always follow that step semantics; the keys below only
+decide in which order each threadblock issues its steps. Every threadblock issues its steps in key order.
+
+- Step order (some transfer has no `start_us`): for transfer number g with step s, its send has key
+  (s, 0, g) and its receive (s, 1, g): a rank issues all sends of a step before the receives of that step,
+  which is exactly the replay's rule that a transfer carries what its source held *before* the step.
+- Timed order (every transfer has `start_us`, e.g. a synthesized schedule): a send is keyed by its scheduled
+  start, a receive by the latest time the schedule lets its data arrive: the next start on the same link (a
+  link carries one message at a time) or the first start of a message that sends on, or reduces onto, what
+  it delivers (for the last message of a link nothing bounds: the link's tightest such gap per chunk, or, when
+  it fits in the executor's FIFO, the end of its threadblock). Keying receives by their step instead puts
+  them at the *start* of their transfer: a threadblock that receives from p and sends to q then waits for each
+  receive before sends the schedule starts while the data is still on its way (head-of-line blocking; on
+  NDv2 x2 it cost 7 % of the allgather). A timed order that contradicts the step semantics somewhere (a
+  value read after the schedule overwrites it) falls back to step order.
 
 ## Buffer allocation
 
@@ -41,7 +53,11 @@ become one message of cnt > 1 (at most 71 chunks); a message is ordered by its f
 that share their step with another write of the same (rank, chunk) stay alone (their order decides the
 value). Local copies with consecutive slots are merged the same way. A receive whose delivered chunks are
 exactly what a later send of that rank forwards (same chunks, same order, nothing arriving in between) is
-fused with it when one threadblock can do both (recv peer = previous hop, send peer = next hop):
+fused with it when one threadblock can do both (recv peer = previous hop, send peer = next hop), and when
+nothing else needs those chunks before the forward is done: a step that waits for a fused receive waits
+for its send too (the executor signals a step when it is complete), so another send of the same chunk (or a
+reduction onto it) would be serialised behind the forward. With a schedule, other uses that start after the
+forward can have arrived are fine; without one, any other use prevents the fusion:
 
 | receive                         | not fused | fused with the forwarding send                   |
 |---------------------------------|-----------|--------------------------------------------------|
@@ -61,11 +77,20 @@ send to q on that channel, and a peer without fusions gets a threadblock of its 
 receive-only: a receive then never waits behind an unrelated send, which with the executor's bounded FIFOs
 could close a cycle of full FIFOs). Fusions are accepted only when they keep
 the threadblock's sends in key order, so the sender and the receiver of every FIFO (sender, receiver,
-channel) issue its messages in the same order. Chains of fused messages stay on one channel; chains are
-spread over the channels greedily (least loaded threadblocks, then least loaded channel). With
-`channels=None` the fewest channels per instance that keep every threadblock within 64 steps (and 32
-threadblocks per channel) are used; a given `channels` is used as is. Local copies run first, in
-threadblocks of their own (send = recv = -1, at most 64 steps each).
+channel) issue its messages in the same order. Chains of fused messages stay on one channel.
+
+With `channels=None`, a threadblock over the executor's 64 steps is split in time: channels are *phases*,
+runs of consecutive steps (as few as keep every (recv peer, send peer) pair within 64 steps per phase;
+fusions never cross a phase), phase c runs on channel c, and the first step of a pair's threadblock in a
+phase waits for the last step of its threadblock in the previous phase. The phases of a pair thus run one
+after the other, exactly as one threadblock would: a link keeps carrying one message at a time in the
+algorithm's order. (Spreading chains over concurrently running channels instead splits a link between two
+threadblocks at once; both messages then arrive late and the pipeline behind them stalls: 1.8x the
+schedule for the DGX-2 x2 sketch-1 allgather.) When phases cannot fit (one step alone over 64 steps for a
+pair, or more than 32 threadblocks on a channel), and whenever `channels` is given, chains are spread over
+the channels greedily instead (least loaded threadblocks, then least loaded channel; the fewest channels
+that fit when `channels` is None). Local copies run first, in threadblocks of their own (send = recv = -1,
+at most 64 steps each).
 
 ## Dependencies
 
@@ -77,9 +102,11 @@ with m > 1 dependencies is preceded by m - 1 `nop` steps carrying the earlier on
 
 ## Why it is deadlock free
 
-Every step has a key; a threadblock's steps are in key order; a dependency points to a step of smaller key;
-a message's send is issued at a key (its own, or the earlier receive it is fused with) below its receive's
-key; sender and receiver issue each FIFO's messages in the same (key) order. So all waits point backwards in
+Every step has a key (with phases, the phase comes first); a threadblock's steps are in key order; a
+dependency (a phase's wait for the previous one included) points to a step of smaller key; a message's send
+is issued at a key (its own, or the earlier receive it is fused with) below its receive's key; sender and
+receiver issue each FIFO's messages in the same (key) order (timed: a receive's key is at most the next
+send's on its link, so receive keys follow send keys). So all waits point backwards in
 one total order and, with FIFOs that buffer sends, the program cannot deadlock. With the executor's bounded
 FIFOs (check_program's `bounded_fifo`) that also needs the algorithm to not pile up many chunks on one link
 in one step while the receiver is busy sending; the baselines schedule one chunk per link and step.
@@ -96,7 +123,10 @@ rank); nchunksperloop = max(input, output chunks) x N and nchannels = N x channe
 
 from __future__ import annotations
 
+import math
+from bisect import bisect_right
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from mlopt.formats.msccl import (
@@ -121,6 +151,14 @@ Slot = tuple[str, int]  # (buffer, index) in chunks, before instances
 
 class LoweringError(ValueError):
     """An algorithm or option that cannot be lowered; the message says what and why."""
+
+
+class _Inconsistent(LoweringError):
+    """The operation order contradicts the algorithm's step semantics (a value read after it was overwritten)."""
+
+
+DEFER_CHUNKS = 2  # a receive nothing bounds may wait until its threadblock is done if its message fits in the
+# executor's FIFO (Simple: NCCL_STEPS / MSCCL_CHUNKSTEPS = 2 chunks in flight), so its sender never blocks on it
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -156,14 +194,23 @@ class _Msg:
     fused_in: _Msg | None = None  # the incoming message whose receive step also sends this one
     fused_out: _Msg | None = None  # the outgoing message this one's receive step also sends
     stored: bool = True
+    phase: int = 0  # channel phase (see "Threadblocks and channels")
+    send_at: float | None = None  # timed order: scheduled start (None: order by step)
+    recv_at: float | None = None  # timed order: latest arrival the schedule allows (None: right after the send)
 
     @property
     def sendkey(self) -> tuple:
-        return (0, self.step, 0, self.key)
+        if self.send_at is None:
+            return (0, self.phase, self.step, 0, self.key)
+        return (0, self.phase, self.send_at, 1, self.key)
 
     @property
     def recvkey(self) -> tuple:
-        return (0, self.step, 1, self.key)
+        if self.send_at is None:
+            return (0, self.phase, self.step, 1, self.key)
+        if self.recv_at is None:
+            return (0, self.phase, self.send_at, 2, self.key)
+        return (0, self.phase, self.recv_at, 0, self.key)
 
 
 @dataclass(eq=False)
@@ -195,7 +242,8 @@ def _adjacent(a: Slot | None, b: Slot | None, instances: int) -> bool:
 
 
 class _Plan:
-    def __init__(self, alg: Algorithm, instances: int, inplace: bool, precopy: frozenset):
+    def __init__(self, alg: Algorithm, instances: int, inplace: bool, precopy: frozenset, timed: bool = False,
+                 phase_of: Callable[[int], int] | None = None):
         self.alg = alg
         self.spec = spec = alg.spec
         self.n = n = spec.num_ranks
@@ -263,6 +311,11 @@ class _Plan:
                 self.finals.append((r, c, y, v))
 
         self._messages()
+        self.timed = timed and self._schedule_times()
+        self.phased = phase_of is not None
+        if phase_of is not None:
+            for m in self.msgs:
+                m.phase = phase_of(m.step)
         self._pair_and_fuse()
         self._storage()
         self._ops()
@@ -336,6 +389,42 @@ class _Plan:
             for g in gs:
                 self.msg_of[g] = m
 
+    def _schedule_times(self) -> bool:
+        """Timed order (every transfer has start_us): a message's send is keyed by its scheduled start, its
+        receive by the latest arrival the schedule allows: the next start on the same link (a link carries one
+        message at a time) or the first start of a message that reads or reduces onto what it delivers. A
+        message nothing bounds gets the link's tightest such gap per chunk, else (when it fits in the
+        executor's FIFO) the end of its threadblock. False (step order) when some transfer has no start."""
+        ts = self.ts
+        if not ts or any(t.start_us is None or not math.isfinite(t.start_us) for t in ts):
+            return False
+        send = {m.id: max(ts[g].start_us for g in m.gs) for m in self.msgs}  # type: ignore[type-var]
+        bound = dict.fromkeys(send, math.inf)
+        links: dict[tuple[int, int], list[_Msg]] = defaultdict(list)
+        for m in self.msgs:
+            links[(m.src, m.dst)].append(m)
+        for lst in links.values():
+            lst.sort(key=lambda m: (send[m.id], m.key))
+            for a, b in zip(lst, lst[1:]):
+                bound[a.id] = min(bound[a.id], send[b.id])
+        for m2 in self.msgs:
+            for g in m2.gs:
+                for v in (self.read[g], self.made[g].base):
+                    if v is not None and v.creator is not None:
+                        m = self.msg_of[v.creator]
+                        if m is not m2:
+                            bound[m.id] = min(bound[m.id], send[m2.id])
+        for lst in links.values():
+            gap = min(((bound[m.id] - send[m.id]) / len(m.gs) for m in lst if math.isfinite(bound[m.id])),
+                      default=math.inf)
+            for m in lst:
+                if math.isinf(bound[m.id]) and (math.isfinite(gap) or len(m.gs) > DEFER_CHUNKS):
+                    bound[m.id] = send[m.id] + gap * len(m.gs) if math.isfinite(gap) else send[m.id]
+        for m in self.msgs:
+            m.send_at = send[m.id]
+            m.recv_at = bound[m.id] if bound[m.id] > send[m.id] else None
+        return True
+
     def _base_pot(self, g: int) -> Slot | None:
         base = self.made[g].base
         return base.pot if base is not None else None
@@ -350,7 +439,8 @@ class _Plan:
             if vs[0].creator is None:
                 continue
             m1 = self.msg_of[vs[0].creator]
-            if len(m1.gs) == len(m2.gs) and all(v.creator == g for v, g in zip(vs, m1.gs)):
+            if len(m1.gs) == len(m2.gs) and all(v.creator == g for v, g in zip(vs, m1.gs)) \
+                    and m1.phase == m2.phase and not self._waits_on_forward(m1, m2):
                 candidates.append((m1, m2))
         in_peers = [set() for _ in range(n)]
         out_peers = [set() for _ in range(n)]
@@ -379,8 +469,10 @@ class _Plan:
             self.recv_slot.append({p: i for i, (p, q) in enumerate(pairs) if p >= 0})
 
         sends_to: dict[tuple[int, int], list[_Msg]] = defaultdict(list)
-        for m in self.msgs:  # in key order
+        for m in self.msgs:
             sends_to[(m.src, m.dst)].append(m)
+        for lst in sends_to.values():
+            lst.sort(key=lambda m: m.sendkey)  # the link's order
         position = {m.id: i for lst in sends_to.values() for i, m in enumerate(lst)}
         by_tb: dict[tuple[int, int], list[tuple[_Msg, _Msg]]] = defaultdict(list)
         for m1, m2 in candidates:
@@ -394,12 +486,28 @@ class _Plan:
         for (r, i), cands in sorted(by_tb.items()):
             sends = sends_to[(r, self.pairs[r][i][1])]
             for m1, m2 in sorted(cands, key=lambda mm: (mm[0].key, mm[1].key)):
-                if m1.fused_out is not None or m2.fused_in is not None:
-                    continue
+                if m1.fused_out is not None or m2.fused_in is not None or m2.sendkey < m1.recvkey:
+                    continue  # (a schedule whose times contradict its steps could issue the send later)
                 j = position[m2.id]
                 if j > 0 and not self._issued(sends[j - 1]) < m1.recvkey:
                     continue
                 m1.fused_out, m2.fused_in = m2, m1
+
+    def _waits_on_forward(self, m1: _Msg, m2: _Msg) -> bool:
+        """Would fusing m1's receive with m2's send hold up another use of what m1 delivers? A step that needs
+        the receive waits for the whole fused step, forward included (the executor signals a step when it is
+        done), so another send (or reduction) of that data would wait for m2's transfer. Allowed only when the
+        schedule starts every such use after m2 can have arrived; without a schedule, never."""
+        mine = set(m2.gs)
+        others = []
+        for g in m1.gs:
+            v = self.made[g]
+            others += [x for x in v.readers if x not in mine] + list(v.base_of)
+        if not others:
+            return False
+        if not self.timed or m2.recv_at is None:
+            return True
+        return any(self.msg_of[x].send_at < m2.recv_at for x in others)  # type: ignore[operator]
 
     @staticmethod
     def _issued(m: _Msg) -> tuple:
@@ -521,7 +629,7 @@ class _Plan:
                     if v.creator is None:
                         bad.add((v.rank, v.chunk))
                     else:
-                        raise LoweringError(
+                        raise _Inconsistent(
                             f"internal: rank {op.rank} reads {slot} for chunk {v.chunk} after it was overwritten"
                         )
             for slot, v in zip(op.writes, op.write_versions):
@@ -534,7 +642,7 @@ class _Plan:
         if not bad:
             for r, c, y, v in self.finals:
                 if content.get((r, self.canon(r, "o", y))) is not v:
-                    raise LoweringError(f"internal: chunk {c} at rank {r} does not end in o[{y}]")
+                    raise _Inconsistent(f"internal: chunk {c} at rank {r} does not end in o[{y}]")
         return bad
 
 
@@ -544,6 +652,10 @@ class _Plan:
 
 class _Retry(Exception):
     """More channels may help (a threadblock over 64 steps or a channel over 32 threadblocks)."""
+
+    def __init__(self, message: str, peers: bool = False):
+        super().__init__(message)
+        self.peers = peers  # too many threadblocks on one channel (not too many steps in one)
 
 
 def _emit(plan: _Plan, C: int, *, name: str, proto: str, min_bytes: int, max_bytes: int) -> Program:
@@ -569,16 +681,20 @@ def _emit(plan: _Plan, C: int, *, name: str, proto: str, min_bytes: int, max_byt
         op.chain = find(op.msgs[0].id) if op.msgs else None
         if op.chain is not None:
             chain_ops[op.chain].append(op)
-    load: Counter = Counter()
-    chan_total = [0] * C
     chain_chan: dict[int, int] = {}
-    for chain in sorted(chain_ops, key=lambda ch: min(o.key for o in chain_ops[ch])):
-        touched = Counter(op.slot for op in chain_ops[chain])
-        best = min(range(C), key=lambda c: (max(load[(s, c)] + k for s, k in touched.items()), chan_total[c], c))
-        chain_chan[chain] = best
-        for s, k in touched.items():
-            load[(s, best)] += k
-        chan_total[best] += len(chain_ops[chain])
+    if plan.phased:  # a chain is one phase (fusion never crosses phases): phase p runs on channel p
+        for chain, lst in chain_ops.items():
+            chain_chan[chain] = lst[0].msgs[0].phase
+    else:
+        load: Counter = Counter()
+        chan_total = [0] * C
+        for chain in sorted(chain_ops, key=lambda ch: min(o.key for o in chain_ops[ch])):
+            touched = Counter(op.slot for op in chain_ops[chain])
+            best = min(range(C), key=lambda c: (max(load[(s, c)] + k for s, k in touched.items()), chan_total[c], c))
+            chain_chan[chain] = best
+            for s, k in touched.items():
+                load[(s, best)] += k
+            chan_total[best] += len(chain_ops[chain])
 
     # threadblocks per rank
     per_rank_tbs: list[dict[tuple, list[_Op]]] = [defaultdict(list) for _ in range(n)]
@@ -611,8 +727,15 @@ def _emit(plan: _Plan, C: int, *, name: str, proto: str, min_bytes: int, max_byt
         last_writer: dict[Slot, _Op] = {}
         readers: dict[Slot, list[_Op]] = defaultdict(list)
         tb_vc: dict[int, dict[int, int]] = defaultdict(dict)
+        slot_last: dict[tuple, _Op] = {}
         for op in rank_ops:
             need: set[_Op] = set()
+            if plan.phased and op.msgs:
+                # phases of one (send peer, recv peer) pair run one after the other, as one threadblock would
+                prev = slot_last.get(op.slot)
+                if prev is not None and prev.tb != op.tb:
+                    need.add(prev)
+                slot_last[op.slot] = op
             for s in op.reads:
                 w = last_writer.get(s)
                 if w is not None:
@@ -660,7 +783,7 @@ def _emit(plan: _Plan, C: int, *, name: str, proto: str, min_bytes: int, max_byt
             per_chan = Counter(m[2] for m in tb_meta[r] if m[idx] >= 0)
             for ch, count in per_chan.items():
                 if count > 32:
-                    raise _Retry(f"rank {r}: {count} threadblocks {kind} peers on one channel (at most 32)")
+                    raise _Retry(f"rank {r}: {count} threadblocks {kind} peers on one channel (at most 32)", True)
     has_dep = {id(p) for r in range(n) for lst in tb_ops[r] for op in lst for p in op.deps}
 
     # scratch compaction (order kept)
@@ -728,8 +851,9 @@ def lower(
     """The MSCCL-EF program running `alg` (see the module docstring); LoweringError when it cannot be lowered.
 
     instances: copies of the program, each on sub-chunk i of every chunk and its own channels.
-    channels: channels per instance (None: the fewest that fit the executor's limits); nchannels = channels *
-    instances must stay within 32. check: first verify the algorithm with `check_algorithm`.
+    channels: channels per instance (None: the fewest that fit the executor's limits, as consecutive phases of
+    the algorithm when they fit; given: chains spread over that many concurrent channels); nchannels =
+    channels * instances must stay within 32. check: first verify the algorithm with `check_algorithm`.
     """
     spec = alg.spec
     if not isinstance(instances, int) or instances < 1:
@@ -756,15 +880,33 @@ def lower(
         if problems:
             more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
             raise LoweringError(f"algorithm {alg.name!r} does not implement its {spec.kind}: {problems[0]}{more}")
-    precopy: frozenset = frozenset()
-    while True:
-        plan = _Plan(alg, instances, inplace, precopy)
-        bad = plan.conflicts()
-        if not bad:
-            break
-        if bad <= precopy:
-            raise LoweringError(f"internal: in-place conflicts persist for {sorted(bad)[:3]}")
-        precopy = precopy | frozenset(bad)
+
+    def build(timed: bool, phase_of: Callable[[int], int] | None) -> _Plan:
+        precopy: frozenset = frozenset()
+        while True:
+            plan = _Plan(alg, instances, inplace, precopy, timed, phase_of)
+            bad = plan.conflicts()
+            if not bad:
+                return plan
+            if bad <= precopy:
+                raise LoweringError(f"internal: in-place conflicts persist for {sorted(bad)[:3]}")
+            precopy = precopy | frozenset(bad)
+
+    def emit(plan: _Plan, C: int) -> Program:
+        program = _emit(plan, C, name=name or alg.name, proto=proto, min_bytes=min_bytes, max_bytes=max_bytes)
+        problems = check_limits(program)
+        if problems:  # cannot happen: _emit keeps every limit; a guard against drift from the executor's rules
+            raise LoweringError(f"internal: the lowered program breaks an executor limit: {problems[0]}")
+        return program
+
+    try:
+        plan = build(True, None)
+    except _Inconsistent:  # the schedule's times contradict its steps somewhere: order by step
+        plan = build(False, None)
+    if channels is None:
+        program = _phased(plan, build, emit, instances)
+        if program is not None:
+            return program
     busiest = max(Counter(op.slot for op in plan.ops if op.msgs).values(), default=0)
     first = max(1, -(-busiest // MAX_STEPS_PER_THREADBLOCK))  # fewer channels cannot fit the busiest threadblock
     counts = [channels] if channels is not None else range(first, MAX_CHANNELS // instances + 1)
@@ -774,12 +916,50 @@ def lower(
     )
     for C in counts:
         try:
-            program = _emit(plan, C, name=name or alg.name, proto=proto, min_bytes=min_bytes, max_bytes=max_bytes)
+            return emit(plan, C)
         except _Retry as exc:
             reason = str(exc)
             continue
-        problems = check_limits(program)
-        if problems:  # cannot happen: _emit keeps every limit; a guard against drift from the executor's rules
-            raise LoweringError(f"internal: the lowered program breaks an executor limit: {problems[0]}")
-        return program
     raise LoweringError(f"cannot fit the executor's limits: {reason}")
+
+
+def _phase_starts(plan: _Plan, budget: int) -> list[int] | None:
+    """First step of each phase: consecutive steps, as few phases as keep every (send peer, recv peer) pair
+    within `budget` steps per phase; None when one step alone is over the budget."""
+    per_step: dict[int, Counter] = defaultdict(Counter)
+    for op in plan.ops:
+        if op.msgs:
+            per_step[op.msgs[0].step][op.slot] += 1
+    starts: list[int] = []
+    cur: Counter = Counter()
+    for step in sorted(per_step):
+        add = per_step[step]
+        if max(add.values()) > budget:
+            return None
+        if not starts or any(cur[s] + k > budget for s, k in add.items()):
+            starts.append(step)
+            cur = Counter()
+        cur.update(add)
+    return starts or [0]
+
+
+def _phased(plan: _Plan, build, emit, instances: int) -> Program | None:
+    """The program with channels as consecutive phases of the algorithm (None when that cannot fit)."""
+    budget = MAX_STEPS_PER_THREADBLOCK
+    while budget >= MAX_STEPS_PER_THREADBLOCK // 4:
+        starts = _phase_starts(plan, budget)
+        if starts is None or len(starts) * instances > MAX_CHANNELS:
+            return None
+        try:
+            if len(starts) == 1:
+                return emit(plan, 1)
+            try:
+                phased = build(plan.timed, lambda step: bisect_right(starts, step) - 1)
+            except _Inconsistent:  # step order with phases is the plain step order: always consistent
+                phased = build(False, lambda step: bisect_right(starts, step) - 1)
+            return emit(phased, len(starts))
+        except _Retry as exc:
+            if exc.peers:  # too many peers on a channel: phases do not help
+                return None
+            budget -= 4
+    return None

@@ -21,7 +21,9 @@ Heuristics (the keys compare candidates; ties end in (chunk, src, dst) order, so
   chunk-with-shortest-path-until-now first (latency travelled from the source) - TACCL's switch heuristic;
 - "earliest-first": earliest possible start first, then longest-path-from-now, then shortest-path-until-now
   (TACCL's multi-node NVLink heuristic);
-- "auto": both, keeping the one whose list schedule ends first (stage 3 starts from it).
+- "mirror" (only with a `priority` per transfer, e.g. an inverted graph's mirrored copy schedule): lowest
+  priority first, then earliest possible start;
+- "auto": all that apply, keeping the one whose list schedule ends first (stage 3 starts from it).
 
 Outputs: chunk_order(u, v) per link, switch_send_order(r) and switch_recv_order(r) per switch port, the
 reduce order per (rank, chunk), and the list schedule itself (a feasible stage-3 schedule with no
@@ -31,6 +33,7 @@ contiguity, used as stage 3's warm start, big-M and fallback).
 from __future__ import annotations
 
 import heapq
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from mlopt.planners.collective.taccl.logical import ChunkModel, LogicalTopology
@@ -132,16 +135,20 @@ def _topological(graph: TransferGraph) -> list[int]:
     return out
 
 
-def order(graph: TransferGraph, logical: LogicalTopology, heuristic: str) -> Orders:
+def order(graph: TransferGraph, logical: LogicalTopology, heuristic: str,
+          priority: Sequence[float] | None = None) -> Orders:
     """Run one heuristic (see module docstring)."""
     if heuristic == "auto":
         best = None
-        for h in HEURISTICS:
-            o = order(graph, logical, h)
+        for h in HEURISTICS + (("mirror",) if priority is not None else ()):
+            o = order(graph, logical, h, priority)
             if best is None or o.makespan_us < best.makespan_us - 1e-9 * max(1.0, best.makespan_us):
                 best = o
         return best
-    if heuristic not in HEURISTICS:
+    if heuristic == "mirror":
+        if priority is None or len(priority) != len(graph):
+            raise ValueError("the mirror ordering needs a priority for every transfer")
+    elif heuristic not in HEURISTICS:
         raise ValueError(f"unknown ordering heuristic {heuristic!r}; choose auto or one of {HEURISTICS}")
     n = len(graph)
     lat = lat_of(graph, logical)
@@ -176,6 +183,8 @@ def order(graph: TransferGraph, logical: LogicalTopology, heuristic: str) -> Ord
         tie = (graph.chunk[t], graph.src[t], graph.dst[t], t)
         if heuristic == "longest-path-first":
             return (-to_travel[t], est(t), travelled[t]) + tie
+        if heuristic == "mirror":
+            return (priority[t], est(t), -to_travel[t], travelled[t]) + tie  # type: ignore[index]
         return (est(t), -to_travel[t], travelled[t]) + tie
 
     heap: list = []

@@ -191,8 +191,9 @@ def synthesize(topology: Topology, sketch: Sketch | None, spec: CollectiveSpec, 
         if missing:
             raise InfeasibleError(f"cannot invert the {base_spec.kind} into a {spec.kind}: topology "
                                   f"{topology.name!r} has no link {missing[0][0]}->{missing[0][1]}")
-        inv, _origin = combining.invert(graph)
-        inv_sched, _ = _order_and_schedule(inv, inv_logical, solver, options, stages, notes, ":" + _inverse_name(spec))
+        inv, origin = combining.invert(graph)
+        inv_sched, _ = _order_and_schedule(inv, inv_logical, solver, options, stages, notes, ":" + _inverse_name(spec),
+                                           priority=_mirrored(graph, copy_sched, logical, origin))
         transfers = _transfers(inv, inv_sched, inv_logical, step_offset=0, time_offset=0.0)
         predicted = inv_sched.time_us
         if spec.kind == "allreduce":
@@ -234,9 +235,28 @@ def _report(stage, result, build_s, num_vars, num_rows, num_bin, message: str = 
                        "; ".join(filter(None, [message, result.message])))
 
 
-def _order_and_schedule(graph, logical, solver, options, stages, notes, suffix):
+def _mirrored(graph, sched, logical, origin) -> list[float]:
+    """Priority of each inverted transfer: the copy schedule run backwards (the inverse of a transfer that
+    arrives at time a of a makespan T starts at T - a). Without the one-at-a-time reduction of a chunk's
+    receives that is a schedule of the inverted graph as fast as the copy one (links, ports and dependencies
+    all mirror), so listing in that order is a good start for the reducing half."""
+    lat = ordering.lat_of(graph, logical)
+    size: dict = {}
+    for t, g in enumerate(sched.group):
+        if g is not None:
+            size[g] = size.get(g, 0) + 1
+    ends = []
+    for t in range(len(graph)):
+        link = logical.links[graph.link(t)]
+        g = sched.group[t]
+        ends.append(sched.start_us[t] + (link.lat_of(size[g]) if g is not None else lat[t]))
+    T = max(ends, default=0.0)
+    return [T - ends[o] for o in origin]
+
+
+def _order_and_schedule(graph, logical, solver, options, stages, notes, suffix, priority=None):
     t = _time.perf_counter()
-    orders = ordering.order(graph, logical, options.ordering)
+    orders = ordering.order(graph, logical, options.ordering, priority if options.ordering == "auto" else None)
     stages.append(StageReport("ordering" + suffix, "heuristic", orders.makespan_us, None, None,
                               _time.perf_counter() - t, message=f"heuristic {orders.heuristic}"))
     if len(graph) == 0:
