@@ -135,3 +135,16 @@ def test_bad_sizes_and_roots_exit_2(run_cli, tmp_path, args, fragment):
                      "-o", tmp_path / "a.xml")
     assert result.code == 2 and fragment in result.err and "\n" not in result.err.strip()
     assert not (tmp_path / "a.xml").exists()
+
+
+def test_disconnected_topology_exits_2(run_cli, tmp_path):
+    from mlopt.formats.io import write_json
+    from mlopt.formats.topology import from_spec
+
+    d = from_spec("fully-connected:4").to_dict()
+    d["links"] = [l for l in d["links"] if (l["src"] < 2) == (l["dst"] < 2)]  # two islands {0,1} and {2,3}
+    topo = tmp_path / "islands.json"
+    write_json(topo, d)
+    result = run_cli("plan", "collective", "--topology", topo, "--collective", "allgather", "--size", "1MiB",
+                     "-o", tmp_path / "a.xml")
+    assert result.code == 2 and f"{topo}: $.links: the topology is disconnected" in result.err and "2, 3" in result.err

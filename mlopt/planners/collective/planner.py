@@ -234,6 +234,26 @@ def evaluate(candidate: Candidate, topology: Topology, copts: CollectiveOptions)
     return outcome
 
 
+def unreachable_ranks(topology: Topology) -> list[int]:
+    """Ranks not strongly connected with rank 0 over the topology's directed links."""
+    def reach(edges: dict[int, list[int]]) -> set[int]:
+        seen, todo = {0}, [0]
+        while todo:
+            for nxt in edges.get(todo.pop(), ()):
+                if nxt not in seen:
+                    seen.add(nxt)
+                    todo.append(nxt)
+        return seen
+
+    out: dict[int, list[int]] = {}
+    back: dict[int, list[int]] = {}
+    for link in topology.links:
+        out.setdefault(link.src, []).append(link.dst)
+        back.setdefault(link.dst, []).append(link.src)
+    both = reach(out) & reach(back)
+    return [r for r in range(topology.num_ranks) if r not in both]
+
+
 @dataclass(frozen=True)
 class CollectivePlan:
     plan: Plan
@@ -246,6 +266,11 @@ def plan_collective(topology: Topology, copts: CollectiveOptions, options: Plann
     """Try the candidates, keep the fastest proven-correct one; InfeasibleError when none works."""
     if copts.collective not in COLLECTIVES:
         raise InputError("--collective", "$", f"unknown collective {copts.collective!r}")
+    unreachable = unreachable_ranks(topology)
+    if unreachable:
+        raise InputError(str(inputs.get("topology") or topology.name), "$.links", f"the topology is disconnected: rank 0 cannot reach rank(s) "
+                         f"{', '.join(map(str, unreachable[:8]))}{' ...' if len(unreachable) > 8 else ''} "
+                         "(or they cannot reach it), so no collective over all ranks exists")
     shares = 1 if copts.collective in ("broadcast", "reduce") else topology.num_ranks
     if copts.size_bytes % shares:
         raise InputError("--size", "$", f"{copts.size_bytes} bytes do not split into {shares} equal rank shares "
