@@ -133,7 +133,7 @@ def _trees(topology: Topology, copts: CollectiveOptions, options: PlannerOptions
     return build
 
 
-AUTO_STAGE_TIME_LIMIT_S = 20.0  # per MILP stage when auto tries several sketches and --time-limit is unset
+AUTO_STAGE_TIME_LIMIT_S = 10.0  # per MILP stage when auto tries several sketches and --time-limit is unset
 TREES_MAX_CHUNKS_PER_RANK = 8  # keeps tree programs small enough to lower, prove and simulate quickly
 
 
