@@ -148,3 +148,12 @@ def test_disconnected_topology_exits_2(run_cli, tmp_path):
     result = run_cli("plan", "collective", "--topology", topo, "--collective", "allgather", "--size", "1MiB",
                      "-o", tmp_path / "a.xml")
     assert result.code == 2 and f"{topo}: $.links: the topology is disconnected" in result.err and "2, 3" in result.err
+
+
+def test_show_xml_and_plan(run_cli, ring_plan):
+    shown = run_cli("show", ring_plan)
+    assert shown.code == 0 and "MSCCL-EF program" in shown.out and "allreduce" in shown.out
+    as_json = run_cli("show", ring_plan, "--json")
+    assert as_json.code == 0 and json.loads(as_json.out)["ngpus"] == 4
+    plan = run_cli("show", ring_plan.with_suffix(".json"))
+    assert plan.code == 0 and "collective plan" in plan.out and "best_bound" in plan.out

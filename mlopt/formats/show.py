@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections import Counter, defaultdict
 from typing import Any
@@ -36,6 +37,8 @@ def as_dict(loaded: Loaded) -> Any:
         return {"kind": value.kind, "provenance": value.provenance, "payload": value.payload}
     if loaded.kind == "taccl-sketch":
         return value.raw
+    if loaded.kind == "msccl":
+        return dataclasses.asdict(value)
     return value
 
 
@@ -136,6 +139,22 @@ def index_tables(loaded: Loaded) -> list[Table]:
     return [table]
 
 
+def msccl_tables(loaded: Loaded) -> list[Table]:
+    program = loaded.value
+    head = Table(title=f"MSCCL-EF program {loaded.source}", show_header=False)
+    head.add_row("name / collective", f"{program.name} / {program.coll}")
+    head.add_row("ranks, channels, protocol", f"{program.ngpus}, {program.nchannels}, {program.proto}")
+    head.add_row("chunks per loop", str(program.nchunksperloop))
+    head.add_row("in place / out of place", f"{int(program.inplace)} / {int(program.outofplace)}")
+    head.add_row("bytes", f"{program.min_bytes}..{program.max_bytes}")
+    gpus = Table("gpu", "i/o/s chunks", "threadblocks", "steps", "step types", title="per GPU")
+    for gpu in program.gpus:
+        types = Counter(step.type for tb in gpu.tbs for step in tb.steps)
+        gpus.add_row(str(gpu.id), f"{gpu.i_chunks}/{gpu.o_chunks}/{gpu.s_chunks}", str(len(gpu.tbs)),
+                     str(sum(types.values())), " ".join(f"{t}:{n}" for t, n in sorted(types.items())))
+    return [head, gpus]
+
+
 def sketch_tables(loaded: Loaded) -> list[Table]:
     sk = loaded.value
     table = Table(title=f"TACCL sketch {loaded.source}", show_header=False)
@@ -161,6 +180,8 @@ def render(loaded: Loaded, all_links: bool = False, console: Console | None = No
         tables = plan_tables(loaded)
     elif loaded.kind == "plan-index":
         tables = index_tables(loaded)
+    elif loaded.kind == "msccl":
+        tables = msccl_tables(loaded)
     else:
         tables = sketch_tables(loaded)
     for table in tables:
