@@ -307,7 +307,6 @@ def simulate(files, topology_spec, nodes, chunk_size, time_unit_us, size_text, s
     if as_json:
         _print_json(rows)
         return
-    from rich.console import Console
     from rich.table import Table
 
     from mlopt.formats.sizes import format_size
@@ -317,7 +316,9 @@ def simulate(files, topology_spec, nodes, chunk_size, time_unit_us, size_text, s
     for r in rows:
         table.add_row(r["algorithm"], format_size(r["buffer_bytes"]), f"{r['time_us']:.1f}", f"{r['algbw_GBps']:.2f}",
                       f"{r['busbw_GBps']:.2f}", f"{r['bound_us']:.1f}", f"{r['time_us'] / r['bound_us']:.2f}")
-    Console(width=None if sys.stdout.isatty() else 160).print(table)
+    from mlopt.formats.show import stdout_console
+
+    stdout_console().print(table)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -338,14 +339,15 @@ def solvers(check: bool, as_json: bool) -> None:
     if as_json:
         _print_json(rows)
     else:
-        from rich.console import Console
         from rich.table import Table
 
         table = Table("solver", "available", "version", "note", *(["check"] if check else []))
         for r in rows:
             table.add_row(r["name"], "yes" if r["available"] else "no", r["version"], r["note"],
                           *([r.get("check", "")] if check else []))
-        console = Console(width=None if sys.stdout.isatty() else 160)
+        from mlopt.formats.show import stdout_console
+
+        console = stdout_console()
         console.print(table)
         chosen, note = resolve_solver("auto")
         console.print(f"--solver auto uses {chosen.name} ({note})")

@@ -29,6 +29,11 @@ def _bytes(n: float) -> str:
     return f"{int(n)} B"
 
 
+def stdout_console() -> Console:
+    """Piped output is not cut to 80 columns: a file or a pager gets whole rows."""
+    return Console(width=None if sys.stdout.isatty() else PIPED_WIDTH)
+
+
 def as_dict(loaded: Loaded) -> Any:
     value = loaded.value
     if loaded.kind in ("topology", "trace"):
@@ -167,8 +172,7 @@ def sketch_tables(loaded: Loaded) -> list[Table]:
 
 
 def render(loaded: Loaded, all_links: bool = False, console: Console | None = None) -> None:
-    # Piped output is not cut to 80 columns: a file or a pager gets whole rows.
-    console = console or Console(width=None if sys.stdout.isatty() else PIPED_WIDTH)
+    console = console or stdout_console()
     footer = ""
     if loaded.kind == "topology":
         tables = topology_tables(loaded.value, all_links)

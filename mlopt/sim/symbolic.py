@@ -307,20 +307,12 @@ def _analyse(program: Program) -> _Static:
             me = tbs[base + tpos]
             for idx, st in enumerate(tb.steps):
                 kind, cnt = st.type, st.cnt
-                if kind in reads_src:
-                    size = sizes[st.srcbuf]
-                    if st.srcoff < 0 or st.srcoff + max(cnt, 0) > size:
-                        problems.append(
-                            f"{me.at(idx)}: srcoff={st.srcoff} cnt={cnt} is out of range for buffer {st.srcbuf} "
-                            f"({size} chunks)"
-                        )
-                if kind in writes_dst:
-                    size = sizes[st.dstbuf]
-                    if st.dstoff < 0 or st.dstoff + max(cnt, 0) > size:
-                        problems.append(
-                            f"{me.at(idx)}: dstoff={st.dstoff} cnt={cnt} is out of range for buffer {st.dstbuf} "
-                            f"({size} chunks)"
-                        )
+                for used, side, buf, off in ((reads_src, "src", st.srcbuf, st.srcoff),
+                                             (writes_dst, "dst", st.dstbuf, st.dstoff)):
+                    size = sizes[buf]
+                    if kind in used and (off < 0 or off + max(cnt, 0) > size):
+                        problems.append(f"{me.at(idx)}: {side}off={off} cnt={cnt} is out of range for buffer "
+                                        f"{buf} ({size} chunks)")
                 if cnt == 0 and kind != "nop":
                     notes.append(f"{me.at(idx)}: cnt=0 moves no data")
                 if st.depid < 0:
