@@ -281,20 +281,107 @@ def plan_collective_cmd(ctx: click.Context, topology_spec, nodes, chunk_size, ti
               f"({result.plan.status.value}); wrote {xml_path} and {sidecar}")
 
 
+@plan.command("memory")
+@click.option("--model", "model_path", required=True, help="Trace to plan for (mlopt trace or PyTorch ET).")
+@click.option("--budget", "budget_text", default=None, help="Memory budget, e.g. 6GiB (tensors + workspace).")
+@click.option("--budget-ratio", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Budget as a fraction of the store-all (PyTorch default) peak, e.g. 0.4.")
+@click.option("--ops", "ops_path", default=None, help="Operator implementations profile (mlopt-op-profile JSON).")
+@click.option("--algorithm", type=click.Choice(["monet", "checkpoint-only", "sqrt", "store-all", "greedy"]),
+              default="monet", show_default=True,
+              help="monet: joint checkpointing + implementations ILP; checkpoint-only: the same ILP without "
+                   "implementation choice (Checkmate-style); sqrt, store-all, greedy: baselines.")
+@click.option("--sweep", "sweep_text", default=None,
+              help="Budget ratios, e.g. 0.3,0.4,...,1.0: one plan each, a table and a PNG in the -o folder.")
+@planner_options
+@click.pass_context
+def plan_memory_cmd(ctx: click.Context, model_path, budget_text, budget_ratio, ops_path, algorithm, sweep_text,
+                    **kwargs) -> None:
+    """Checkpointing and operator implementations under a memory budget (MONeT); -o memory.plan.json."""
+    from mlopt.formats.io import read_document, write_json
+    from mlopt.formats.loaders import load_trace_any
+    from mlopt.formats.sizes import format_size, parse_size
+    from mlopt.planners.memory.build import build_problem
+    from mlopt.planners.memory.planner import MemoryOptions, plan_memory
+
+    given = sum(x is not None for x in (budget_text, budget_ratio, sweep_text))
+    if given != 1:
+        raise click.UsageError("give exactly one of --budget, --budget-ratio and --sweep")
+    profile = read_document(ops_path) if ops_path else None
+    budget = parse_size(budget_text, "--budget") if budget_text else None
+    options = _planner_options_from(kwargs)
+    inputs = {"model": model_path, "ops": ops_path}
+    with _progress(ctx, f"planning memory for {model_path}") as progress:
+        problem = build_problem(load_trace_any(model_path), profile, source=ops_path or model_path)
+        for warning in problem.warnings:
+            warnings.warn(warning)
+        memory_options = MemoryOptions(algorithm, budget, budget_ratio, profile)
+        if sweep_text:
+            _memory_sweep(ctx, problem, sweep_text, memory_options, options, Path(kwargs["output"]), inputs,
+                          kwargs["as_json"], progress)
+            return
+        result = plan_memory(problem, memory_options, options, inputs, progress)
+    write_json(kwargs["output"], result.plan.to_dict(options.record_wall_time))
+    payload, plan_obj = result.plan.payload, result.plan
+    predicted = payload["predicted"]
+    if kwargs["as_json"]:
+        _print_json({**plan_obj.summary(), "file": kwargs["output"], "budget_bytes": payload["budget_bytes"],
+                     **predicted})
+        return
+    gap = f", gap {plan_obj.gap * 100:.2f}%" if plan_obj.gap is not None else ""
+    _say(ctx, f"{algorithm}: peak {format_size(predicted['peak_bytes'])} <= budget {format_size(payload['budget_bytes'])} "
+              f"({predicted['memory_ratio']:.2f}x store-all {format_size(payload['store_all']['peak_bytes'])}), "
+              f"compute {predicted['compute_overhead'] * 100:+.1f}% ({plan_obj.status.value}{gap}); "
+              f"wrote {kwargs['output']}")
+
+
+def _memory_sweep(ctx, problem, sweep_text, memory_options, options, out_dir, inputs, as_json, progress) -> None:
+    from mlopt.planners.memory.sweep import parse_ratios, run_sweep
+
+    rows = run_sweep(problem, parse_ratios(sweep_text), memory_options, options, out_dir, inputs, progress)
+    if as_json:
+        _print_json(rows)
+        return
+    from rich.table import Table
+
+    from mlopt.formats.show import stdout_console
+    from mlopt.formats.sizes import format_size
+
+    table = Table("budget ratio", "status", "peak", "x store-all", "compute overhead", "gap", "solve s", "plan",
+                  title=f"{problem.name}: {memory_options.algorithm}")
+    for r in rows:
+        if r["file"] is None:
+            table.add_row(f"{r['budget_ratio']:.2f}", "infeasible", "", "", "", "", "", "")
+            continue
+        gap = "" if r["gap"] is None else f"{r['gap'] * 100:.2f}%"
+        table.add_row(f"{r['budget_ratio']:.2f}", r["status"], format_size(r["peak_bytes"]), f"{r['memory_ratio']:.2f}",
+                      f"{r['compute_overhead'] * 100:+.1f}%", gap, f"{r['wall_time_s']:.1f}", r["file"])
+    stdout_console().print(table)
+    _say(ctx, f"wrote {out_dir / 'sweep.json'} and {out_dir / 'sweep.png'}")
+
+
 @cli.command()
 @click.argument("files", nargs=-1, required=True)
-@click.option("--topology", "topology_spec", required=True, help="Topology preset or file.")
+@click.option("--topology", "topology_spec", default=None, help="Topology preset or file (collective algorithms).")
 @topology_options
+@click.option("--model", "model_path", default=None, help="Trace the memory plans were made for (memory plans).")
 @click.option("--size", "size_text", default=None, help="One buffer size (nccl-tests' convention).")
 @click.option("--sizes", "sizes_text", default=None, help="Sizes: LO..HI (x4 steps) or a comma list, e.g. 1KiB..1GiB.")
-@click.option("--plot", "plot_path", type=click.Path(), default=None, help="Write a PNG of time vs size.")
+@click.option("--plot", "plot_path", type=click.Path(), default=None,
+              help="Write a PNG: time vs size (collectives) or memory over the step (memory plans).")
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
-def simulate(files, topology_spec, nodes, chunk_size, time_unit_us, size_text, sizes_text, plot_path, as_json) -> None:
-    """Time MSCCL-EF algorithms (XML files or collective plan sidecars) under the alpha-beta model."""
+def simulate(files, topology_spec, nodes, chunk_size, time_unit_us, model_path, size_text, sizes_text, plot_path,
+             as_json) -> None:
+    """Time MSCCL-EF algorithms under the alpha-beta model, or replay memory plans (memory over the step)."""
     from mlopt.formats.loaders import resolve_topology
     from mlopt.formats.sizes import parse_size, parse_size_range
     from mlopt.sim.report import simulation_rows
 
+    if _all_memory_plans(files):
+        _simulate_memory(files, model_path, plot_path, as_json)
+        return
+    if topology_spec is None:
+        raise click.UsageError("give --topology for collective algorithms")
     if (size_text is None) == (sizes_text is None):
         raise click.UsageError("give exactly one of --size and --sizes")
     sizes = [parse_size(size_text)] if size_text else parse_size_range(sizes_text)
@@ -318,6 +405,59 @@ def simulate(files, topology_spec, nodes, chunk_size, time_unit_us, size_text, s
                       f"{r['busbw_GBps']:.2f}", f"{r['bound_us']:.1f}", f"{r['time_us'] / r['bound_us']:.2f}")
     from mlopt.formats.show import stdout_console
 
+    stdout_console().print(table)
+
+
+def _all_memory_plans(files: tuple[str, ...]) -> bool:
+    """True when every file is a memory plan (JSON with kind "memory"); other files go to the collective path."""
+    from mlopt.formats.loaders import load_any
+
+    kinds = set()
+    for f in files:
+        if not f.endswith(".json"):
+            return False
+        loaded = load_any(f)
+        kinds.add(loaded.value.kind if loaded.kind == "plan" else loaded.kind)
+    if "memory" in kinds and kinds != {"memory"}:
+        raise click.UsageError("simulate memory plans on their own, not mixed with other files")
+    return kinds == {"memory"}
+
+
+def _simulate_memory(files: tuple[str, ...], model_path: str | None, plot_path: str | None, as_json: bool) -> None:
+    from mlopt.formats.plan import load_plan
+    from mlopt.formats.show import stdout_console
+    from mlopt.formats.sizes import format_size
+    from mlopt.planners.memory.validate import replay_plan
+
+    if model_path is None:
+        raise click.UsageError("memory plans are replayed against their trace: give --model TRACE")
+    rows, timelines, budgets = [], {}, []
+    for f in files:
+        plan_file = load_plan(f)
+        problem, _, replayed = replay_plan(plan_file, f, model_path)
+        label = f"{Path(f).name} ({plan_file.payload.get('algorithm')})"
+        timelines[label] = replayed.timeline
+        budgets.append(plan_file.payload["budget_bytes"])
+        rows.append({"file": f, "algorithm": plan_file.payload.get("algorithm"), "budget_bytes": plan_file.payload["budget_bytes"],
+                     "peak_bytes": replayed.peak_bytes, "forward_end_bytes": replayed.forward_end_bytes,
+                     "compute_us": replayed.compute_us, "recompute_us": replayed.recompute_us,
+                     "peak_at": f"{replayed.peak_event.phase} node {replayed.peak_event.node}"})
+    if plot_path:
+        from mlopt.planners.memory.plots import plot_memory_timeline
+
+        plot_memory_timeline(timelines, plot_path, budgets[0] if len(set(budgets)) == 1 else None,
+                             title=f"{problem.name}: memory over one training step")
+    if as_json:
+        _print_json(rows)
+        return
+    from rich.table import Table
+
+    table = Table("plan", "algorithm", "budget", "peak", "peak at", "held after forward", "compute ms", "recompute ms",
+                  title=f"memory replay of {problem.name}")
+    for r in rows:
+        table.add_row(r["file"], str(r["algorithm"]), format_size(r["budget_bytes"]), format_size(r["peak_bytes"]),
+                      r["peak_at"], format_size(r["forward_end_bytes"]), f"{r['compute_us'] / 1000:.1f}",
+                      f"{r['recompute_us'] / 1000:.1f}")
     stdout_console().print(table)
 
 

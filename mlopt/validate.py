@@ -20,8 +20,9 @@ PayloadValidator = Callable[[PlanFile, str, "str | None", "str | None"], str]
 def payload_validators() -> dict[str, PayloadValidator]:
     """Validators for plan payloads, one per planner kind available in this release."""
     from mlopt.planners.collective.validate import validate_collective_plan
+    from mlopt.planners.memory.validate import validate_memory_plan
 
-    return {"collective": validate_collective_plan}
+    return {"collective": validate_collective_plan, "memory": validate_memory_plan}
 
 
 @dataclass(frozen=True)

@@ -92,7 +92,9 @@ def test_umbrella_plan_writes_index_and_reports_skips(run_cli, trace_file, tmp_p
     index = json.loads(result.out)
     assert json.loads((out / "index.json").read_text()) == index
     assert index["format"] == "mlopt.plan-index" and set(index["inputs"]) == {"model", "topology"}
-    assert [s["kind"] for s in index["skipped"]] == ["memory", "collective", "threads", "schedule"]
+    # small_trace's backward pairs with its forward: memory plans; its 2-rank allreduce does not fit ndv2x2
+    assert [p["kind"] for p in index["plans"]] == ["memory"]
+    assert [s["kind"] for s in index["skipped"]] == ["collective", "threads", "schedule"]
     again = run_cli("validate", out / "index.json")
     assert again.code == 0
 
@@ -186,12 +188,14 @@ def test_unrecognised_document(run_cli, tmp_path):
 
 
 def test_plan_of_unknown_kind_fails_validation(run_cli, tmp_path):
+    from dataclasses import replace
+
     from test_formats import sample_plan
     from mlopt.formats.plan import save_plan
 
-    save_plan(sample_plan(), tmp_path / "p.json")
+    save_plan(replace(sample_plan(), kind="threads"), tmp_path / "p.json")
     result = run_cli("validate", tmp_path / "p.json")
-    assert result.code == 2 and "$.kind: no validator for plan kind 'memory'" in result.err
+    assert result.code == 2 and "$.kind: no validator for plan kind 'threads'" in result.err
 
 
 def test_solvers_check_reports_the_embedded_default(run_cli):
@@ -215,11 +219,12 @@ def test_trace_imports_the_example_and_plan_uses_it(run_cli, tmp_path):
     assert plans.code == 0
     index = json.loads(plans.out)
     # DDP's two gradient buckets and its two bucket-rebuild broadcasts, each planned as MSCCL-EF XML
+    # the memory plan, then DDP's two gradient buckets and its two bucket-rebuild broadcasts as MSCCL-EF XML
     assert sorted(p["file"] for p in index["plans"]) == [
         "collective-allreduce-1028KiB.json", "collective-allreduce-4460800B.json",
-        "collective-broadcast-28B.json", "collective-broadcast-8B.json"]
-    checked = run_cli("validate", *sorted((tmp_path / "plans").glob("*.json")), "--json")
-    assert checked.code == 0 and len(json.loads(checked.out)) == 5
+        "collective-broadcast-28B.json", "collective-broadcast-8B.json", "memory.plan.json"]
+    checked = run_cli("validate", *sorted((tmp_path / "plans").glob("*.json")), "--model", out, "--json")
+    assert checked.code == 0 and len(json.loads(checked.out)) == 6
 
 
 def test_trace_rank_option_overrides(run_cli, tmp_path):

@@ -39,6 +39,8 @@ PLANNER_KINDS = ("memory", "collective", "threads", "schedule")
 
 def registered_planners() -> tuple[PlannerEntry, ...]:
     """Planners available in this release, in the order the umbrella command runs them."""
-    from mlopt.planners.collective import from_trace
+    from mlopt.planners.collective import from_trace as collective
+    from mlopt.planners.memory import from_trace as memory
 
-    return (PlannerEntry("collective", from_trace.why_not, from_trace.run),)
+    return (PlannerEntry("memory", memory.why_not, memory.run),
+            PlannerEntry("collective", collective.why_not, collective.run))

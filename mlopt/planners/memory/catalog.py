@@ -1,0 +1,240 @@
+"""Operator implementations per aten op type: what PyTorch on CPU actually offers, as MONeT choices.
+
+The trace measures one implementation of every op, the one eager PyTorch ran; that is always
+implementation [0] (the default) with its measured time and workspace. The catalog adds only
+alternatives PyTorch on CPU really has, with the measured time as their estimate:
+
+* aten::relu_, aten::relu. Forward: "inplace" and "outofplace", the traced variant first; an
+  in-place variant of a traced out-of-place relu only when its input has no later forward reader
+  (otherwise it is illegal and left out). Backward: "output-activated" (threshold_backward on the
+  result, PyTorch's default, D = {the relu}) and "intermediate-activated", which reads a sign mask:
+  an extra node "mlopt::relu_mask" right after the relu (1 byte per element, a bool tensor, what our
+  runtime stores; computed from the relu's result for 0.1 x the relu's time; no backward).
+* aten::threshold, aten::threshold_. Forward "inplace" / "outofplace" as for relu; backward as traced
+  (it reads the input, so there is no output-activated variant).
+* aten::convolution, aten::native_batch_norm (input-activated: input + saved mean/invstd),
+  aten::max_pool2d_with_indices (input + indices) and the other TRACED_ONLY_OPS: as traced. CPU
+  PyTorch has one kernel for each and fixed saved tensors.
+* anything else (unknown): as traced (the conservative default), and the problem warns, naming it.
+
+CPU PyTorch has no algorithm choice for convolution (no cuDNN-style algorithms, no workspace query),
+so convolution alternatives come only from an `--ops` profile (format below), which scales the
+measured default of every op of a type: time_us = default time x time_factor and workspace_bytes =
+workspace_per_output_byte x |x_i| (the forward node's output bytes, also for backward entries). A
+backward profile entry keeps the default's dependencies.
+
+    {"format": "mlopt-op-profile", "schema_version": "1.0",
+     "ops": {"aten::convolution": {"forward": [{"name": "im2col", "time_factor": 1.4,
+                                                "workspace_per_output_byte": 9.0}],
+                                   "backward": [...]}}}
+
+Dominated implementations (same dependencies and in-place flag, no faster and no leaner than another)
+are dropped, never the default.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from mlopt.errors import InputError
+from mlopt.planners.memory.problem import BackwardImpl, ForwardImpl
+
+PROFILE_FORMAT = "mlopt-op-profile"
+PROFILE_MAJOR = 1
+
+RELU_OPS = frozenset({"aten::relu", "aten::relu_"})
+THRESHOLD_OPS = frozenset({"aten::threshold", "aten::threshold_"})
+MASK_NODE_NAME = "mlopt::relu_mask"
+# The sign mask is computed from the relu's result (x > 0): a cheap elementwise pass.
+MASK_TIME_FACTOR = 0.1
+# Ops whose traced behaviour is all CPU PyTorch offers (one kernel, fixed saved tensors).
+TRACED_ONLY_OPS = frozenset({
+    "aten::convolution", "aten::native_batch_norm", "aten::max_pool2d_with_indices",
+    "aten::addmm", "aten::mm", "aten::bmm", "aten::linear", "aten::matmul",
+    "aten::add", "aten::add_", "aten::mul", "aten::mul_", "aten::sub", "aten::div",
+    "aten::mean", "aten::sum", "aten::_log_softmax", "aten::_softmax", "aten::nll_loss_forward",
+    "aten::avg_pool2d", "aten::_adaptive_avg_pool2d", "aten::adaptive_avg_pool2d", "aten::cat",
+})
+KNOWN_OPS = RELU_OPS | THRESHOLD_OPS | TRACED_ONLY_OPS
+
+_PROFILE_IMPL_FIELDS = {"name", "time_factor", "workspace_per_output_byte"}
+
+
+def is_known(op_name: str) -> bool:
+    return op_name in KNOWN_OPS
+
+
+def makes_mask(op_name: str) -> bool:
+    """Whether the op gets an intermediate "mlopt::relu_mask" node right after it."""
+    return op_name in RELU_OPS
+
+
+def mask_bytes(numel: int) -> int:
+    """A bool sign mask: what our runtime stores (1 byte per element)."""
+    return max(1, numel)
+
+
+# --------------------------------------------------------------------------------------- profile
+
+
+@dataclass(frozen=True)
+class ProfileImpl:
+    name: str
+    time_factor: float
+    workspace_per_output_byte: float = 0.0
+
+
+@dataclass(frozen=True)
+class OpProfile:
+    forward: tuple[ProfileImpl, ...] = ()
+    backward: tuple[ProfileImpl, ...] = ()
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _parse_impl(entry: Any, where: str, source: str) -> ProfileImpl:
+    if not isinstance(entry, dict):
+        raise InputError(source, where, f"expected an object, found {type(entry).__name__}")
+    unknown = sorted(set(entry) - _PROFILE_IMPL_FIELDS)
+    if unknown:
+        raise InputError(source, where, f"unknown field(s): {', '.join(unknown)}")
+    name = entry.get("name")
+    if not isinstance(name, str) or not name:
+        raise InputError(source, f"{where}.name", "must be a non-empty string")
+    factor = entry.get("time_factor")
+    if not _is_number(factor) or factor <= 0:
+        raise InputError(source, f"{where}.time_factor", "must be a positive number")
+    per_byte = entry.get("workspace_per_output_byte", 0.0)
+    if not _is_number(per_byte) or per_byte < 0:
+        raise InputError(source, f"{where}.workspace_per_output_byte", "must be a non-negative number")
+    return ProfileImpl(name, float(factor), float(per_byte))
+
+
+def parse_profile(doc: Any, source: str = "<ops profile>") -> dict[str, OpProfile]:
+    """Check an `--ops` document; InputError(source, JSON path, why) on the first bad field."""
+    if not isinstance(doc, dict):
+        raise InputError(source, "$", f"expected a JSON object ({PROFILE_FORMAT}), found {type(doc).__name__}")
+    if doc.get("format") != PROFILE_FORMAT:
+        raise InputError(source, "$.format", f"expected {PROFILE_FORMAT!r}, found {doc.get('format')!r}")
+    version = doc.get("schema_version")
+    parts = version.split(".") if isinstance(version, str) else []
+    if len(parts) != 2 or not all(p.isdigit() for p in parts):
+        raise InputError(source, "$.schema_version", "missing or not of the form MAJOR.MINOR, e.g. \"1.0\"")
+    if int(parts[0]) != PROFILE_MAJOR:
+        raise InputError(source, "$.schema_version", f"major version {parts[0]} is not supported "
+                                                     f"(this mlopt reads {PROFILE_MAJOR}.x)")
+    unknown = sorted(set(doc) - {"format", "schema_version", "ops"})
+    if unknown:
+        raise InputError(source, "$", f"unknown field(s): {', '.join(unknown)}")
+    ops = doc.get("ops", {})
+    if not isinstance(ops, dict):
+        raise InputError(source, "$.ops", f"expected an object of op types, found {type(ops).__name__}")
+    parsed: dict[str, OpProfile] = {}
+    for op_name, spec in ops.items():
+        where = f"$.ops[{op_name!r}]"
+        if not isinstance(spec, dict):
+            raise InputError(source, where, f"expected an object, found {type(spec).__name__}")
+        bad = sorted(set(spec) - {"forward", "backward"})
+        if bad:
+            raise InputError(source, where, f"unknown field(s): {', '.join(bad)}")
+        lists: dict[str, tuple[ProfileImpl, ...]] = {}
+        for phase in ("forward", "backward"):
+            entries = spec.get(phase, [])
+            if not isinstance(entries, list):
+                raise InputError(source, f"{where}.{phase}", "must be a list of implementations")
+            impls = tuple(_parse_impl(e, f"{where}.{phase}[{n}]", source) for n, e in enumerate(entries))
+            names = [p.name for p in impls]
+            for n, name in enumerate(names):
+                if name in names[:n] or name in _reserved_names(op_name, phase):
+                    raise InputError(source, f"{where}.{phase}[{n}].name",
+                                     f"{name!r} is already an implementation of {op_name} {phase}")
+            lists[phase] = impls
+        parsed[op_name] = OpProfile(lists["forward"], lists["backward"])
+    return parsed
+
+
+def _reserved_names(op_name: str, phase: str) -> set[str]:
+    """Names the catalog itself gives this op type's implementations."""
+    if phase == "forward":
+        return {"default", "inplace", "outofplace"} if op_name in RELU_OPS | THRESHOLD_OPS else {"default"}
+    return {"default", "output-activated", "intermediate-activated"} if op_name in RELU_OPS else {"default"}
+
+
+# --------------------------------------------------------------------------------------- implementations
+
+
+def forward_impls(op_name: str, traced: tuple[ForwardImpl, ...], *, inplace_legal: bool, out_bytes: int,
+                  profile: OpProfile | None = None) -> tuple[ForwardImpl, ...]:
+    """J_i for one forward op: `traced` are its trace implementations ([0] measured, with the traced
+    in-place flag); `inplace_legal` says whether an in-place variant of an out-of-place op may be added."""
+    default = traced[0]
+    impls = list(traced)
+    if op_name in RELU_OPS | THRESHOLD_OPS:
+        # Same kernel either way; the measured time stands for both variants.
+        inplace = ForwardImpl("inplace", default.compute_us, default.workspace_bytes, True)
+        outofplace = ForwardImpl("outofplace", default.compute_us, default.workspace_bytes, False)
+        if default.inplace:
+            impls = [inplace, outofplace] + impls[1:]
+        else:
+            impls = [outofplace] + ([inplace] if inplace_legal else []) + impls[1:]
+    for p in (profile.forward if profile else ()):
+        impls.append(ForwardImpl(p.name, default.compute_us * p.time_factor,
+                                 int(round(p.workspace_per_output_byte * out_bytes)), default.inplace))
+    return tuple(impls)
+
+
+def backward_impls(op_name: str, traced: tuple[BackwardImpl, ...], *, node: int, mask: int | None,
+                   out_bytes: int, profile: OpProfile | None = None) -> tuple[BackwardImpl, ...]:
+    """J_hat_k for the stage of forward node `node`; `mask` is its relu mask node, if any."""
+    if not traced:
+        return ()
+    default = traced[0]
+    impls = list(traced)
+    if op_name in RELU_OPS and mask is not None:
+        output = BackwardImpl("output-activated", default.compute_us, default.workspace_bytes, default.deps,
+                              "output-activated")
+        # threshold_backward on a bool mask does the same elementwise work as on the result.
+        masked_deps = tuple(sorted((set(default.deps) - {node}) | {mask}))
+        intermediate = BackwardImpl("intermediate-activated", default.compute_us, default.workspace_bytes,
+                                    masked_deps, "intermediate-activated")
+        impls = [output] + impls[1:] + [intermediate]
+    for p in (profile.backward if profile else ()):
+        impls.append(BackwardImpl(p.name, default.compute_us * p.time_factor,
+                                  int(round(p.workspace_per_output_byte * out_bytes)), default.deps, default.kind))
+    return tuple(impls)
+
+
+def mask_impl(relu_us: float) -> ForwardImpl:
+    return ForwardImpl("sign-mask", relu_us * MASK_TIME_FACTOR, 0, False)
+
+
+def _dominated(a: tuple[float, int], b: tuple[float, int], b_first: bool) -> bool:
+    """a is dominated by b: b no slower and no leaner-less, strictly better somewhere or listed first."""
+    no_worse = b[0] <= a[0] and b[1] <= a[1]
+    return no_worse and (b[0] < a[0] or b[1] < a[1] or b_first)
+
+
+def drop_dominated_forward(impls: tuple[ForwardImpl, ...]) -> tuple[tuple[ForwardImpl, ...], int]:
+    kept = [impls[0]] + [
+        a for n, a in enumerate(impls) if n and not any(
+            m != n and b.inplace == a.inplace and _dominated((a.compute_us, a.workspace_bytes),
+                                                             (b.compute_us, b.workspace_bytes), m < n)
+            for m, b in enumerate(impls))
+    ]
+    return tuple(kept), len(impls) - len(kept)
+
+
+def drop_dominated_backward(impls: tuple[BackwardImpl, ...]) -> tuple[tuple[BackwardImpl, ...], int]:
+    if not impls:
+        return impls, 0
+    kept = [impls[0]] + [
+        a for n, a in enumerate(impls) if n and not any(
+            m != n and set(b.deps) == set(a.deps) and _dominated((a.compute_us, a.workspace_bytes),
+                                                                 (b.compute_us, b.workspace_bytes), m < n)
+            for m, b in enumerate(impls))
+    ]
+    return tuple(kept), len(impls) - len(kept)

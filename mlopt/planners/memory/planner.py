@@ -1,0 +1,213 @@
+"""`mlopt plan memory`: pick a schedule under a memory budget and wrap it in a Plan.
+
+Every algorithm's schedule goes through the same replay (`replay.py`) before it is written, so the
+plan's predicted peak and compute are the replay's figures, not the solver's: the solver's objective
+must agree with them (a mismatch is a bug and raises).
+
+Budgets: `budget_bytes`, or `budget_ratio` times the store-all (PyTorch default) replayed peak. A
+budget that no algorithm fits raises InfeasibleError (exit 3) naming the least feasible budget found:
+the smallest replayed peak among the leanest baseline and the schedules tried.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from mlopt.errors import InfeasibleError
+from mlopt.formats.plan import Plan, PlanStatus
+from mlopt.formats.sizes import format_size
+from mlopt.planners.memory.problem import MemoryProblem
+from mlopt.planners.memory.schedule import Schedule
+from mlopt.planners.options import PlannerOptions
+from mlopt.planners.result import heuristic_plan, plan_from_solve
+
+ALGORITHMS = ("monet", "checkpoint-only", "sqrt", "store-all", "greedy")
+# `mlopt plan --model` has no budget flag: it plans for half the store-all peak (MONeT's mid range).
+DEFAULT_BUDGET_RATIO = 0.5
+# When no --time-limit is given the ILPs still stop: MONeT-sized models otherwise run for hours.
+DEFAULT_ILP_TIME_LIMIT_S = 300.0
+# Relative tolerance when checking the solver's objective against the replayed compute time.
+OBJECTIVE_RTOL = 1e-6
+
+
+@dataclass(frozen=True)
+class MemoryOptions:
+    algorithm: str = "monet"  # --algorithm: monet | checkpoint-only | sqrt | store-all | greedy
+    budget_bytes: int | None = None  # --budget: absolute memory budget (tensors + workspace)
+    budget_ratio: float | None = None  # --budget-ratio: budget as a fraction of the store-all peak
+    ops_profile: dict[str, Any] | None = None  # --ops: operator implementations profile (parsed document)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"algorithm": self.algorithm, "budget_bytes": self.budget_bytes, "budget_ratio": self.budget_ratio}
+
+
+@dataclass(frozen=True)
+class MemoryResult:
+    plan: Plan
+    schedule: Schedule
+    replay: Any  # ReplayResult of the schedule
+
+
+def resolve_budget(problem_peak_store_all: int, options: MemoryOptions) -> int:
+    if options.budget_bytes is not None:
+        return int(options.budget_bytes)
+    ratio = DEFAULT_BUDGET_RATIO if options.budget_ratio is None else options.budget_ratio
+    return int(math.floor(ratio * problem_peak_store_all))
+
+
+def _ilp_options(options: PlannerOptions) -> PlannerOptions:
+    if options.time_limit_s is not None:
+        return options
+    return PlannerOptions(**{**options.__dict__, "time_limit_s": DEFAULT_ILP_TIME_LIMIT_S})
+
+
+def _figures(replayed: Any, reference: Any) -> dict[str, Any]:
+    return {
+        "peak_bytes": replayed.peak_bytes,
+        "compute_us": replayed.compute_us,
+        "recompute_us": replayed.recompute_us,
+        "forward_end_bytes": replayed.forward_end_bytes,
+        "memory_ratio": replayed.peak_bytes / reference.peak_bytes,
+        "compute_overhead": replayed.compute_us / reference.compute_us - 1.0,
+    }
+
+
+def _payload(problem: MemoryProblem, schedule: Schedule, replayed: Any, reference: Any, budget: int,
+             options: MemoryOptions, extra: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "algorithm": options.algorithm,
+        "budget_bytes": budget,
+        "budget_ratio": options.budget_ratio,
+        "model": {"name": problem.name, "nodes": problem.n, "constant_bytes": problem.constant_bytes,
+                  "cost_source": problem.cost_source},
+        "ops_profile": options.ops_profile,
+        "store_all": {"peak_bytes": reference.peak_bytes, "compute_us": reference.compute_us},
+        "predicted": _figures(replayed, reference),
+        "schedule": schedule.to_dict(problem),
+        **extra,
+    }
+
+
+def _fits(replayed: Any, budget: int) -> bool:
+    return replayed is not None and replayed.peak_bytes <= budget
+
+
+def _infeasible(budget: int, least: int, algorithm: str, why: str = "") -> InfeasibleError:
+    return InfeasibleError(
+        f"memory budget {format_size(budget)} ({budget} bytes) is infeasible for {algorithm}{why}; "
+        f"the least feasible budget found is {format_size(least)} ({least} bytes)")
+
+
+def _baseline(problem: MemoryProblem, algorithm: str, budget: int) -> Schedule | None:
+    from mlopt.planners.memory import baselines
+
+    if algorithm == "store-all":
+        return baselines.store_all(problem)
+    if algorithm == "sqrt":
+        return baselines.sqrt_segments(problem)
+    return baselines.greedy(problem, budget)
+
+
+def least_feasible_bytes(problem: MemoryProblem, *replays: Any) -> int:
+    """Smallest replayed peak among the leanest baseline and any schedules already evaluated."""
+    from mlopt.planners.memory.baselines import least_memory
+    from mlopt.planners.memory.replay import replay
+
+    peaks = [replay(problem, least_memory(problem)).peak_bytes]
+    peaks += [r.peak_bytes for r in replays if r is not None]
+    return min(peaks)
+
+
+def best_warm_start(problem: MemoryProblem, budget: int, joint: bool) -> tuple[Schedule | None, str]:
+    """The cheapest baseline schedule that fits the budget (default implementations only unless joint)."""
+    from mlopt.planners.memory import baselines
+    from mlopt.planners.memory.replay import ScheduleError, replay
+
+    candidates = [("store-all", baselines.store_all(problem)), ("sqrt", baselines.sqrt_segments(problem)),
+                  ("greedy", baselines.greedy(problem, budget))]
+    best: tuple[float, str, Schedule] | None = None
+    for name, schedule in candidates:
+        if schedule is None or (not joint and not uses_default_impls(problem, schedule)):
+            continue
+        try:
+            replayed = replay(problem, schedule)
+        except ScheduleError:
+            continue
+        if replayed.peak_bytes <= budget and (best is None or replayed.compute_us < best[0]):
+            best = (replayed.compute_us, name, schedule)
+    return (best[2], best[1]) if best else (None, "")
+
+
+def uses_default_impls(problem: MemoryProblem, schedule: Schedule) -> bool:
+    nodes = problem.nodes
+    forward_ok = all(f.impl == nodes[f.node].forward[0].name for f in schedule.forward)
+    recompute_ok = all(l == nodes[i].forward[0].name for b in schedule.backward for i, l in b.recompute)
+    backward_ok = all(not nodes[b.node].backward or b.impl == nodes[b.node].backward[0].name
+                      for b in schedule.backward)
+    return forward_ok and recompute_ok and backward_ok
+
+
+def plan_memory(problem: MemoryProblem, options: MemoryOptions, planner_options: PlannerOptions,
+                inputs: dict[str, Any], progress: Callable[[str], None] = lambda message: None) -> MemoryResult:
+    """Plan for one budget; raises InfeasibleError (exit 3) when the algorithm cannot fit it."""
+    from mlopt.planners.memory import baselines
+    from mlopt.planners.memory.replay import replay
+
+    if options.algorithm not in ALGORITHMS:
+        raise ValueError(f"unknown memory algorithm {options.algorithm!r}")
+    started = time.perf_counter()
+    reference = replay(problem, baselines.store_all(problem))
+    budget = resolve_budget(reference.peak_bytes, options)
+    notes = tuple(problem.warnings)
+    if options.algorithm in ("store-all", "sqrt", "greedy"):
+        progress(f"{options.algorithm} schedule")
+        schedule = _baseline(problem, options.algorithm, budget)
+        replayed = replay(problem, schedule) if schedule is not None else None
+        if not _fits(replayed, budget):
+            why = f" (its schedule peaks at {format_size(replayed.peak_bytes)})" if replayed else ""
+            raise _infeasible(budget, least_feasible_bytes(problem, replayed), options.algorithm, why)
+        payload = _payload(problem, schedule, replayed, reference, budget, options, {})
+        plan = heuristic_plan("memory", replayed.compute_us, payload, inputs, planner_options,
+                              time.perf_counter() - started, notes)
+        return MemoryResult(plan, schedule, replayed)
+    return _plan_ilp(problem, options, planner_options, inputs, reference, budget, notes, started, progress)
+
+
+def _plan_ilp(problem: MemoryProblem, options: MemoryOptions, planner_options: PlannerOptions,
+              inputs: dict[str, Any], reference: Any, budget: int, notes: tuple[str, ...], started: float,
+              progress: Callable[[str], None]) -> MemoryResult:
+    from mlopt.planners.memory.ilp import solve_memory_ilp
+    from mlopt.planners.memory.replay import replay
+
+    joint = options.algorithm == "monet"
+    warm, warm_name = best_warm_start(problem, budget, joint)
+    progress(f"{options.algorithm} ILP" + (f", warm start from {warm_name}" if warm else ""))
+    outcome = solve_memory_ilp(problem, budget, _ilp_options(planner_options), joint=joint, warm_start=warm)
+    if outcome.schedule is None:
+        if outcome.result.status.name == "INFEASIBLE":
+            raise _infeasible(budget, least_feasible_bytes(problem), options.algorithm, " (proven by the solver)")
+        least = least_feasible_bytes(problem)
+        raise _infeasible(budget, least, options.algorithm,
+                          f" (solver: {outcome.result.status.value}, no schedule found in the time limit)")
+    replayed = replay(problem, outcome.schedule)
+    _check_objective(outcome.result.objective, replayed.compute_us)
+    extra = {"ilp": deterministic_stats(outcome.stats), "warm_start": warm_name or None}
+    payload = _payload(problem, outcome.schedule, replayed, reference, budget, options, extra)
+    plan = plan_from_solve("memory", outcome.result, payload, inputs, planner_options,
+                           time.perf_counter() - started, notes)
+    if plan.status not in (PlanStatus.OPTIMAL, PlanStatus.FEASIBLE):
+        raise AssertionError(f"solver returned a schedule with status {plan.status.value}")
+    return MemoryResult(plan, outcome.schedule, replayed)
+
+
+def deterministic_stats(stats: dict[str, Any]) -> dict[str, Any]:
+    """Solver statistics that do not depend on the clock (plans must be byte-identical)."""
+    return {k: v for k, v in sorted(stats.items()) if not k.endswith("_s")}
+
+
+def _check_objective(objective: float | None, compute_us: float) -> None:
+    if objective is None or abs(objective - compute_us) > OBJECTIVE_RTOL * max(1.0, abs(compute_us)):
+        raise AssertionError(f"ILP objective {objective} disagrees with the replayed compute {compute_us} us")
