@@ -10,20 +10,40 @@ Variables (binary unless said):
   delta_{i,l}      forward implementation (sum_l = 1; = s_i^N for nodes only computed when stored)
   s_j^{k-1}        kept after stage k
   r_i^k            recompute forward_i before backward_k
-  delta^k_{i,l}    recompute implementation (sum_l = r_i^k); q_i^k = sum of its in-place ones (4.10/4.11)
+  delta^k_{i,l}    recompute implementation (sum_l = r_i^k); q_i^k = sum of its in-place ones (4.10/4.11;
+                   p_j^k is not a column: "x_j recomputed and not yet overwritten" is written as pairwise
+                   rows q_t^k + r_u^k <= 1 for the later readers u of x_j)
   delta_hat_{k,l}  backward implementation (sum_l = 1)
-  sigma_{k,l,j}    = delta_hat_{k,l} * s_j^{k-1} (4.3.4; continuous, only the lower side is needed since it
-                   only appears with positive coefficients in <= memory rows)
-  o_j^k, F^k       continuous auxiliaries (max / sums) used to keep the memory rows short
+  sigma_{k,l,j}    = delta_hat_{k,l} * s_j^{k-1}, w_j^k = s_j^k * (x_j needed at backward_k) (4.3.4;
+                   continuous, only the lower side y >= a + b - 1 is needed because they appear only with
+                   positive coefficients in <= memory rows)
+  rho_k, o_j^k, F^k continuous: rho_k = max_i r_i^k (the stage recomputes), o_j^k a max, F^k the live
+                   bytes below the window (one column instead of the same long sum in every row)
 
-The ILP is an upper bound of the replay semantics of problem.py: every memory row over-approximates the
-live bytes at one operator call (forward_i, a recomputation, backward_k), so any decoded schedule replays
-within the budget, and its objective (4.9) is exactly the schedule's compute time.
+Memory rows, all <= M with the constants moved right (4.16), in bytes scaled by a power of two:
+  (4.1)  forward_i: const + |L_i| + sum_{j<i, j not in L_i} |x_j| s_j^N + sum_l (|x_i| or 0 in place +
+         c_i^l) delta_{i,l};
+  (4.12) backward_k: const + |L_hat_k| + |y_k| + sum_l c_hat_k^l delta_hat_{k,l} + |S^{k-1} u D_k^l|
+         (the union through sigma);
+  (4.13)/(4.14) recomputation of i before backward_k, with the upper-bounded local set Lbar_i^k (values
+         below i read by some candidate recomputation u >= i, all assumed to run) counted as r_i^k |Lbar|;
+         other values below i count when kept or needed by backward_k, values above i when they entered
+         the stage (and, greedy freeing, are still needed). Constants that hold through the whole
+         recomputation phase (const, |L_hat_k|) are multiplied by rho_k, so rows bind only in stages that
+         recompute.
+Checkpoint rows (4.7) r_i^k <= s_j^k + r_j^k for j in N_i, s_j^{k-1} <= s_j^k + r_j^k, r_m^k <= r_c^k for
+an intermediate m of c; (4.8) delta_hat_{k,l} <= s_j^k + r_j^k for j in D_k^l; objective (4.9).
 
-Model reductions (each is counted in `IlpOutcome.stats["reductions"]`):
-  (a) only stages whose backward reads forward values ("active" stages) recompute or drop values; the
-      others keep S^{k-1} = S^k (dropping at the previous active stage is never worse) and get one memory
-      row per distinct implementation choice (equal rows: the tightest is kept);
+The ILP is an upper bound of the replay (replay.py): every memory row over-approximates the live bytes
+at one operator call (forward_i, a recomputation, backward_k), and rows are tightened by the drift that
+rounding binaries within the solver's tolerance can add, so any decoded schedule replays within the
+budget; its objective (4.9) is exactly the schedule's compute time.
+
+Model reductions (counted in `IlpOutcome.stats["reductions"]`):
+  (a) only stages whose backward reads forward values ("active" stages) recompute or keep values by
+      choice; the others keep S^{k-1} = S^k less the values no later stage needs (dropping at the previous
+      active stage is never worse) and get one memory row per implementation choice (equal rows: only
+      the tightest is kept);
   (b) r_i^k exists only for i in a window of `window` nodes ending at the highest value stage k (or a later
       stage) needs, and only where x_i is useful (needed at stage <= k, or read by a useful candidate);
       s_j^{k-1} is a variable only at stages that touch j (j needed there, or a recompute candidate);
@@ -31,8 +51,12 @@ Model reductions (each is counted in `IlpOutcome.stats["reductions"]`):
       that never touch it and dropping it at the last touching stage is never worse;
   (c) memory rows whose largest possible left-hand side is within the budget are dropped, and the
       between-recomputation rows (4.15) are not built: the replay measures memory only at operator calls;
-  (d) forced variables are fixed: s_j^{k-1} = 0 once x_j is needed by no later stage (x_j for j > k, but
-      also any value after its last use), r_i^k = 0 when x_i is live on entry, illegal in-place variants.
+  (d) forced variables are fixed: s_j^{k-1} = 0 once x_j is needed by no later stage (x_j for j > k, and
+      any value after its last use), s_j^N = 0 for values no stage needs, r_i^k = 0 when an input can
+      never be live, r_i^k + s_i^k <= 1 unless i creates intermediates (recomputing a live value is only
+      useful to bring them), illegal in-place variants fixed to 0;
+  (e) intermediates of at most TINY_FRACTION of the budget that cost no forward time (batch-norm
+      statistics) are stored and never recomputed.
 """
 
 from __future__ import annotations
@@ -52,12 +76,20 @@ from mlopt.solvers import Model, SolveResult, Status, is_feasible, max_violation
 from mlopt.solvers.base import relative_gap
 
 # Recomputation window (reduction b): at most this many nodes, ending at the stage's highest needed value.
-DEFAULT_WINDOW = 48
+DEFAULT_WINDOW = 16
+# With a time limit, a solve that proves optimality early is repeated with a window this much larger
+# (while at least max(MIN_PHASE_S, MIN_PHASE_SHARE * limit) seconds are left).
+WINDOW_GROWTH = 1.5
+MIN_PHASE_S = 5.0
+MIN_PHASE_SHARE = 0.1
 # ... and smaller when the model would get more rows than this.
 DEFAULT_MAX_ROWS = 200_000
 # Memory rows whose left-hand side has at most this many nonzeros below the window are written out in
 # full; longer ones go through the stage's aggregate F^k.
 AGGREGATE_MIN_TERMS = 8
+# Reduction (e): an intermediate value no larger than this fraction of the budget whose forward pass
+# costs nothing (batch norm's saved statistics) is stored in the forward pass and never recomputed.
+TINY_FRACTION = 1e-5
 # Liveness of the values S^k holds on entry to a stage, while its recomputations run. "greedy" (replay.py):
 # a value is freed on entry, or after the last recomputation reading it, unless S^{k-1} or backward_k
 # needs it. "stage": every entering value counts until backward_k, a looser upper bound.
@@ -103,12 +135,8 @@ class _Lin:
         return out
 
 
-def _b(value: int) -> int:
-    return ONE if value else ZERO
-
-
 class _Builder:
-    def __init__(self, problem: MemoryProblem, budget: int, joint: bool, window: int | None):
+    def __init__(self, problem: MemoryProblem, budget: int, joint: bool, window: int | None, cap_rows: bool):
         self.p = problem
         self.M = int(budget)
         # Memory rows are written in units of U = 2^s bytes (exact for integers), U chosen so that the
@@ -126,6 +154,7 @@ class _Builder:
         self.obj = _Lin()
         self.const_violated: list[str] = []
         self.window_arg = window
+        self.cap_rows = cap_rows
         self.ctx = "fwd"
         self._prepare()
 
@@ -180,12 +209,6 @@ class _Builder:
     def _name(self, eq: str) -> str:
         """Row name: equation tag, stage and node it is about (MPS dumps stay readable)."""
         return f"e{eq}[{self.ctx}]#{self.model.num_constraints}"
-
-    def _ge(self, e: _Lin, rhs: float, eq: str) -> None:
-        neg = _Lin(-e.const)
-        for c, v in e.terms.items():
-            neg.terms[c] = -v
-        self._le(neg, -rhs, eq)
 
     def _eq(self, e: _Lin, rhs: float, eq: str) -> None:
         terms = {c: v for c, v in e.terms.items() if v != 0}
@@ -242,6 +265,13 @@ class _Builder:
                     if not ok:
                         self.red["illegal_inplace_fixed"] += 1
 
+        # Reduction (e): tiny free intermediates that some backward reads are pinned (stored, kept until
+        # their last use, never recomputed).
+        in_deps = {j for k in range(n) for l in self.bimpl[k] for j in self.deps[k][l]}
+        self.pinned = {j for j in range(n) if self.dead[j] and j in in_deps
+                       and self.size[j] <= TINY_FRACTION * self.M
+                       and all(f.compute_us == 0 for f in nodes[j].forward)}
+        self.red["tiny_free_values_pinned"] = len(self.pinned)
         # Windows and useful recomputation candidates per active stage (reductions a, b, d).
         n_active = len(self.active)
         maxdep = {k: max(j for l in self.bimpl[k] for j in self.deps[k][l]) for k in self.active}
@@ -250,6 +280,7 @@ class _Builder:
         for k in sorted(self.active):  # ascending: stages that run at or after k
             running = max(running, maxdep[k], k)
             hi[k] = running
+        self.full_window = max(hi.values(), default=-1) + 1  # a window this wide restricts nothing
         self.window = self._choose_window(hi)
         needed_from: dict[int, set[int]] = {}
         acc: set[int] = set()
@@ -265,7 +296,7 @@ class _Builder:
             self.lo[k] = lo
             useful: set[int] = set()
             for i in range(hi[k], lo - 1, -1):
-                if i in self.finals and not self._intermediates_of(i):
+                if (i in self.finals and not self._intermediates_of(i)) or i in self.pinned:
                     continue
                 if i in needed_from[k] or any(u in useful for u in self.users[i]) or any(
                         m in useful for m in self._intermediates_of(i)):
@@ -308,14 +339,15 @@ class _Builder:
         return self._inter.get(c, [])
 
     def _choose_window(self, hi: dict[int, int]) -> int:
-        if self.window_arg is not None:
-            if self.window_arg < 1:
-                raise ValueError(f"window must be >= 1, got {self.window_arg}")
-            return int(self.window_arg)
-        w = min(DEFAULT_WINDOW, max(1, self.n))
-        # Rough row estimate: per active stage and candidate ~ (memory row + 4.7 rows + keep rows) ~ 4.
-        while w > 4 and 4 * w * len(hi) + 2 * self.n > DEFAULT_MAX_ROWS:
-            w = int(w * 0.8)
+        w = DEFAULT_WINDOW if self.window_arg is None else int(self.window_arg)
+        if w < 1:
+            raise ValueError(f"window must be >= 1, got {w}")
+        w = min(w, max(1, self.full_window))
+        if self.cap_rows:
+            # Rough row count: per active stage and candidate, its memory row and ~5 logic rows.
+            while w > 4 and 6 * w * len(hi) + 2 * self.n > DEFAULT_MAX_ROWS:
+                w = int(w * 0.8)
+                self.red["window_capped_for_rows"] = w
         return w
 
     # -- the model ----------------------------------------------------------------------------------
@@ -329,6 +361,8 @@ class _Builder:
         self.sN = [ZERO] * n
         for j in range(n):
             if j in self.finals:
+                self.sN[j] = ONE
+            elif j in self.pinned:
                 self.sN[j] = ONE
             elif self.need[j]:
                 self.sN[j] = self._binary(("sN", j))
@@ -346,7 +380,7 @@ class _Builder:
                 bits = {l: ZERO for l in self.fimpl[i]}
                 if run != ZERO and not legal:
                     self.notes.append(f"node {i}: no legal forward implementation")
-                    self._eq(_Lin(), 1.0, "4.1-impl")
+                    self._eq(_Lin(), 1.0, "4.1-impl")  # sum_l delta_{i,l} = 1 cannot hold: infeasible
             elif len(legal) == 1:
                 bits = {l: ZERO for l in self.fimpl[i]}
                 bits[legal[0]] = run
@@ -383,7 +417,7 @@ class _Builder:
             for l, bit in self.dfwd[i].items():
                 impl = node.forward[l]
                 e.bit(bit, impl.workspace_bytes + self._out_extra(i, impl))
-            self._le(e, M - const, "4.1", memory=True)
+            self._le(e, M - const, "4.1", memory=True)  # (4.1) m_i <= M (4.16)
 
         # Backward stages in execution order. cur[j]: membership of x_j in the set entering the next stage.
         cur = list(self.sN)
@@ -403,7 +437,7 @@ class _Builder:
                     e.bit(members[j], self.size[j])
                 for bit, ws in key:
                     e.bit(bit, ws)
-                self._le(e, M - constant, eq, memory=True)
+                self._le(e, M - constant, eq, memory=True)  # (4.12) at a merged stage: D_k empty
             pending.clear()
 
         for k in range(n - 1, -1, -1):
@@ -465,8 +499,7 @@ class _Builder:
         G = node.grad_live_bytes
         const = p.constant_bytes
         cand = self.cand[k]
-        cand_set = set(cand)
-        lo, hi = self.lo[k], self.hi[k]
+        lo = self.lo[k]
         self.enter[k] = E
 
         dh = self._dhat_bits(k)
@@ -502,10 +535,10 @@ class _Builder:
             for j in nodes[i].inputs:
                 if E[j] == ONE:
                     continue
-                self._le(_Lin().bit(r[i]).bit(E[j], -1.0).bit(rb(j), -1.0), 0.0, "4.7")
+                self._le(_Lin().bit(r[i]).bit(E[j], -1.0).bit(rb(j), -1.0), 0.0, "4.7")  # (4.7) r_i <= s_j + r_j
             c = nodes[i].intermediate_of
             if c is not None:
-                self._le(_Lin().bit(r[i]).bit(r[c], -1.0), 0.0, "4.7-intermediate")
+                self._le(_Lin().bit(r[i]).bit(r[c], -1.0), 0.0, "4.7-intermediate")  # (4.7) r_m <= r_creator
 
         # delta^k_{i,l}: sum_l = r_i^k; q_i^k = sum of in-place ones.
         drec: dict[int, dict[int, int]] = {}
@@ -526,6 +559,9 @@ class _Builder:
         # s_j^{k-1}: kept after the stage (reductions b, d).
         K = [ZERO] * n
         for j in range(n):
+            if j in self.pinned:
+                K[j] = ONE if self.min_need[j] < k else ZERO
+                continue
             if self.min_need[j] >= k:  # needed by no later stage
                 if E[j] != ZERO or j in r:
                     self.red["keep_fixed_not_needed_later"] += 1
@@ -546,7 +582,7 @@ class _Builder:
             for j in self.deps[k][l]:
                 if E[j] == ONE:
                     continue
-                self._le(_Lin().bit(bit).bit(E[j], -1.0).bit(rb(j), -1.0), 0.0, "4.8")
+                self._le(_Lin().bit(bit).bit(E[j], -1.0).bit(rb(j), -1.0), 0.0, "4.8")  # (4.8)
 
         # (4.10)/(4.11) in-place recomputation q_t^k overwrites x_j: x_j is then not kept, not read by a
         # later recomputation and not a dependency of backward_k; q_t^k <= r_t^k holds by construction.
@@ -563,13 +599,13 @@ class _Builder:
                 continue
             j = nodes[t].inplace_input
             if j not in nodes[t].inputs:  # the overwritten value must be live (4.11 with p_j^k)
-                self._le(q.copy().bit(E[j], -1.0).bit(rb(j), -1.0), 0.0, "4.11")
-            self._le(q.copy().bit(K[j]), 1.0, "4.10")
+                self._le(q.copy().bit(E[j], -1.0).bit(rb(j), -1.0), 0.0, "4.11")  # (4.11) q <= p_j
+            self._le(q.copy().bit(K[j]), 1.0, "4.10")  # (4.10) s_j^{k-1} <= 1 - q_t^k
             for u in self.users[j]:
                 if u > t and u in r:
-                    self._le(q.copy().bit(r[u]), 1.0, "4.10")
+                    self._le(q.copy().bit(r[u]), 1.0, "4.10")  # (4.10) p_j^k = 0 after q_t^k
             for l in dep_impls.get(j, []):
-                self._le(q.copy().bit(dh[l]), 1.0, "4.10")
+                self._le(q.copy().bit(dh[l]), 1.0, "4.10")  # (4.10)+(4.8): x_j gone, D_k^l cannot run
 
         # B_j^k: x_j live at backward_k = in S^{k-1} or in the chosen D_k^l (4.12, sigma = delta_hat * s).
         n_impl = len(dh)
@@ -592,6 +628,7 @@ class _Builder:
                     if K[j] == ONE:
                         e.bit(dh[l])
                         continue
+                    # (4.3.4) sigma_{k,l,j} >= delta_hat_{k,l} + s_j^{k-1} - 1
                     sigma = self._aux(("sigma", k, l, j), [_Lin(-1.0).bit(dh[l]).bit(K[j])], "4.3.4")
                     e.bit(sigma)
             B[j] = e
@@ -602,7 +639,7 @@ class _Builder:
             e.bit(bit, node.backward[l].workspace_bytes)
         for j in range(n):
             e.lin(B[j], self.size[j])
-        self._le(e, M - const - G - node.y_bytes, "4.12", memory=True)
+        self._le(e, M - const - G - node.y_bytes, "4.12", memory=True)  # (4.12) m_hat_k <= M (4.16)
 
         # live_j: x_j (j < i) live at a recomputation when no later candidate reads it.
         live_cache: dict[int, _Lin] = {}
@@ -621,7 +658,7 @@ class _Builder:
                 return B[j]
             if E[j] == ONE or B[j].const >= 1:
                 return _Lin(1.0)
-            o = self._aux(("o", k, j), [_Lin().bit(E[j]), B[j]], "4.14-max")
+            o = self._aux(("o", k, j), [_Lin().bit(E[j]), B[j]], "4.14-max")  # (4.14) o >= s_j^k, o >= B_j
             return _Lin().bit(o)
 
         if not r:
@@ -643,7 +680,7 @@ class _Builder:
             elif not B[j].terms:
                 e = _Lin()
             else:
-                w = self._aux(("w", k, j), [_Lin(-1.0).bit(E[j]).lin(B[j])], "4.3.4")
+                w = self._aux(("w", k, j), [_Lin(-1.0).bit(E[j]).lin(B[j])], "4.3.4")  # (4.3.4) w >= s + B - 1
                 e = _Lin().bit(w)
             above_cache[j] = e
             return e
@@ -690,7 +727,7 @@ class _Builder:
                     e.lin(live_above(j), self.size[j])
             e.bit(rho, e.const + const + G)
             e.const = 0.0
-            self._le(e, M, "4.14", memory=True)
+            self._le(e, M, "4.14", memory=True)  # (4.13)/(4.14) <= M (4.16)
         return K
 
     def objective(self) -> None:
@@ -706,7 +743,7 @@ class _Builder:
         Normalisation first: recomputations at a merged stage (its backward reads no forward value)
         move to the next active stage, values stored but needed by no stage are not stored; neither
         raises memory anywhere."""
-        p, n, nodes = self.p, self.n, self.p.nodes
+        n, nodes = self.n, self.p.nodes
         partial: dict[int, float] = {}
         if len(schedule.forward) != n or len(schedule.backward) != n:
             return None, partial, "schedule has the wrong number of nodes"
@@ -732,11 +769,11 @@ class _Builder:
                 partial[bit] = float(value)
 
         for j in range(n):
-            if j not in self.finals:
+            if j not in self.finals and j not in self.pinned:
                 put(self.sN[j], int(bool(fwd[j].store) and bool(self.need[j])), f"s_{j}^N", True)
         for i in range(n):
             names = [nodes[i].forward[l].name for l in self.fimpl[i]]
-            computed = (not self.dead[i]) or (fwd[i].store and bool(self.need[i]))
+            computed = (not self.dead[i]) or i in self.pinned or (fwd[i].store and bool(self.need[i]))
             if fwd[i].impl not in names:
                 if computed:
                     problems.append(f"node {i}: forward implementation {fwd[i].impl!r} is not in this model")
@@ -762,7 +799,9 @@ class _Builder:
                 moved = rec
                 continue
             for i in sorted(rec):
-                if i not in self.r[k]:
+                if i in self.pinned:  # pinned values are stored instead (reduction e)
+                    del rec[i]
+                elif i not in self.r[k]:
                     problems.append(f"stage {k}: recomputation of node {i} is outside the model's window")
             for i, bit in self.r[k].items():
                 put(bit, int(i in rec), f"r_{i}^{k}")
@@ -789,7 +828,7 @@ class _Builder:
             x[col] = max([0.0] + vals)
 
     def decode(self, x: np.ndarray) -> Schedule:
-        p, n, nodes = self.p, self.n, self.p.nodes
+        n, nodes = self.n, self.p.nodes
 
         def val(bit: int) -> int:
             if bit == ONE:
@@ -852,11 +891,65 @@ def solve_memory_ilp(problem: MemoryProblem, budget_bytes: int, options: Planner
                      window: int | None = None) -> IlpOutcome:
     """Solve MONeT's ILP (joint=True) or the checkpoint-only ILP (joint=False) under `budget_bytes`.
 
-    `window`: recomputation window in nodes (reduction b); default DEFAULT_WINDOW, smaller when the model
-    would exceed DEFAULT_MAX_ROWS rows. The result's objective is the decoded schedule's compute time.
+    The result's objective is the decoded schedule's compute time (4.9), its gap the solver's.
+
+    `window` fixes the recomputation window (reduction b) for one solve. Without it, the solve starts
+    at DEFAULT_WINDOW nodes and, while a solve proves optimality with time left under
+    `options.time_limit_s`, solves again with a WINDOW_GROWTH times larger window warm-started from the
+    best schedule so far (each larger model contains the smaller one's solutions); the last solve's
+    status, bound and gap are returned (a proof of infeasibility also moves on to a larger window).
+    Without a time limit there is one solve at DEFAULT_WINDOW.
+    Windows are capped so that a model stays under about DEFAULT_MAX_ROWS rows.
     """
+    if window is not None or options.time_limit_s is None:
+        return _solve_once(problem, budget_bytes, options, joint, warm_start, dump_suffix, window, window is None)
     t0 = time.perf_counter()
-    builder = _Builder(problem, budget_bytes, joint, window)
+    deadline = t0 + options.time_limit_s
+    w = DEFAULT_WINDOW
+    warm = warm_start
+    warm_cost = _cost_or_none(problem, warm_start)
+    phases: list[dict[str, Any]] = []
+    best: IlpOutcome | None = None
+    while True:
+        remaining = deadline - time.perf_counter()
+        out = _solve_once(problem, budget_bytes, replace(options, time_limit_s=max(remaining, 1e-3)), joint, warm,
+                          dump_suffix, w, True)
+        phases.append({"window": out.stats["window"], "status": out.result.status.value,
+                       "objective": out.result.objective, "rows": out.stats["rows"], "cols": out.stats["cols"],
+                       "warm_start": out.stats["warm_start"], "build_s": out.stats["build_s"],
+                       "solve_s": out.stats["solve_s"]})
+        if (best is None or best.schedule is None
+                or (out.schedule is not None and out.result.objective <= best.result.objective)):
+            best = out  # a wider window's rows can be more conservative: never return a worse schedule
+        remaining = deadline - time.perf_counter()
+        full = out.stats["window"] >= out.stats["full_window"] or out.stats["window"] < w
+        # Grow after a proof (optimal, or infeasible: a wider window may admit a schedule).
+        if (out.result.status not in (Status.OPTIMAL, Status.INFEASIBLE) or full
+                or remaining < max(MIN_PHASE_S, MIN_PHASE_SHARE * options.time_limit_s)):
+            break
+        w = int(math.ceil(out.stats["window"] * WINDOW_GROWTH))
+        if out.schedule is not None and (warm_cost is None or out.result.objective <= warm_cost):
+            warm = out.schedule  # else the caller's schedule is cheaper than the smaller window's optimum
+    stats = dict(best.stats)
+    stats["phases"] = phases
+    stats["build_s"] = sum(p.pop("build_s") for p in phases)
+    stats["solve_s"] = sum(p.pop("solve_s") for p in phases)
+    return IlpOutcome(best.schedule, best.result, stats)
+
+
+def _cost_or_none(problem: MemoryProblem, schedule: Schedule | None) -> float | None:
+    if schedule is None:
+        return None
+    try:
+        return schedule_compute_us(problem, schedule)
+    except (StopIteration, IndexError, KeyError):
+        return None
+
+
+def _solve_once(problem: MemoryProblem, budget_bytes: int, options: PlannerOptions, joint: bool,
+                warm_start: Schedule | None, dump_suffix: str, window: int | None, cap_rows: bool) -> IlpOutcome:
+    t0 = time.perf_counter()
+    builder = _Builder(problem, budget_bytes, joint, window, cap_rows)
     builder.build()
     builder.objective()
     form = builder.model.to_arrays()
@@ -869,6 +962,7 @@ def solve_memory_ilp(problem: MemoryProblem, budget_bytes: int, options: Planner
         "binaries": int(form.integrality.sum()),
         "nonzeros": int(form.A.nnz),
         "window": builder.window,
+        "full_window": builder.full_window,
         "entering_liveness": ENTERING_LIVENESS,
         "active_stages": len(builder.active),
         "recompute_vars": sum(len(r) for r in builder.r.values()),
@@ -908,7 +1002,10 @@ def solve_memory_ilp(problem: MemoryProblem, budget_bytes: int, options: Planner
         x = np.array(result.x, dtype=np.float64)
         x[form.integrality] = np.round(x[form.integrality])
         builder._fill_aux(x)  # least auxiliaries for the rounded binaries
-        stats["solution_max_violation"] = float(max_violation(form, x))
+        violation = float(max_violation(form, x))
+        stats["solution_max_violation"] = violation
+        if violation > 1e-6:
+            stats.setdefault("notes", []).append(f"rounded solution violates a row by {violation:.3g}")
         schedule = builder.decode(x)
         objective = schedule_compute_us(problem, schedule)
         result = replace(result, objective=objective, gap=relative_gap(result.status, objective, result.best_bound))
