@@ -201,3 +201,23 @@ def test_dropout_is_recomputed_under_its_rng_state():
     for name, grad in base.grads.items():
         torch.testing.assert_close(measure.grads[name], grad, rtol=0, atol=0, msg=name)
     assert torch.equal(torch.get_rng_state(), rng_after), "recomputation leaves the RNG where the step left it"
+
+
+def test_monet_plan_runs_with_same_gradients_and_predicted_memory(resnet):
+    """A MONeT ILP schedule (short time limit: any feasible plan will do) applied to the real model."""
+    from mlopt.planners.memory.ilp import solve_memory_ilp
+    from mlopt.planners.memory.planner import best_warm_start
+    from mlopt.planners.options import PlannerOptions
+
+    problem = resnet.problem
+    budget = int(0.93 * replay(problem, store_all(problem)).peak_bytes)
+    warm, _ = best_warm_start(problem, budget, joint=True)
+    outcome = solve_memory_ilp(problem, budget, PlannerOptions(time_limit_s=15), joint=True, warm_start=warm)
+    assert outcome.schedule is not None, outcome.result.status
+    predicted = replay(problem, outcome.schedule)
+    assert predicted.peak_bytes <= budget
+    executor, measure = run_planned(resnet, outcome.schedule, trace=resnet.trace)
+    report("monet", problem, measure, predicted)
+    assert_same_step(resnet, measure)
+    assert measure.forward_end_bytes == pytest.approx(predicted.forward_end_bytes, rel=MEMORY_TOLERANCE)
+    assert measure.forward_end_bytes < resnet.unplanned.forward_end_bytes
