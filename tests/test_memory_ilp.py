@@ -72,15 +72,10 @@ def tiny_problem(seed: int, n_main: int = 3) -> MemoryProblem:
 
 
 def chain3() -> MemoryProblem:
-    """x0 -> x1 -> x2 (the loss); backward_k reads x_{k-1}; x1 is big."""
-    return MemoryProblem("chain3", (
-        Node(0, 10, "f0", 100, (), (ForwardImpl("d", 10.0),), (BackwardImpl("d", 20.0, 0, ()),),
-             y_bytes=10, grad_live_bytes=7),
-        Node(1, 11, "f1", 200, (0,), (ForwardImpl("d", 20.0),), (BackwardImpl("d", 40.0, 0, (0,)),),
-             y_bytes=20, grad_live_bytes=5),
-        Node(2, 12, "f2", 50, (1,), (ForwardImpl("d", 5.0),), (BackwardImpl("d", 10.0, 0, (1,)),),
-             y_bytes=30, grad_live_bytes=0),
-    ), constant_bytes=1000, final_outputs=(2,))
+    """x0 -> x1 -> x2 (the loss); backward_k reads x_{k-1}; x1 is big (the replay tests' hand-solved chain)."""
+    from test_memory_replay import chain3 as replay_chain3
+
+    return replay_chain3()
 
 
 # --------------------------------------------------------------------------------------- brute force
