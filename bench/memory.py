@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -85,7 +86,7 @@ def fmt_pct(value) -> str:
     return "" if value is None else f"{value * 100:.1f}%"
 
 
-def markdown(rows: list[dict], problems: dict, runs: list[str]) -> str:
+def markdown(rows: list[dict], problems: dict, runs: list[str], plots_from_doc: str = ".") -> str:
     lines = [
         "# Memory planner benchmark",
         "",
@@ -107,7 +108,7 @@ def markdown(rows: list[dict], problems: dict, runs: list[str]) -> str:
         lines.append(f"| {r['model']} | {info['nodes']} | {format_size(info['store_all_peak'])} | {r['algorithm']} | "
                      f"{r['budget_ratio'] if r['budget_ratio'] is not None else ''} | {r['status']} | "
                      f"{r['memory_ratio']:.3f} | {fmt_pct(r['compute_overhead'])} | {fmt_pct(r['gap'])} | {r['wall_s']} |")
-    lines += ["", "Plots: " + ", ".join(f"[{m}](memory-{m}.png)" for m in problems), ""]
+    lines += ["", "Plots: " + ", ".join(f"[{m}]({plots_from_doc}/memory-{m}.png)" for m in problems), ""]
     return "\n".join(lines)
 
 
@@ -121,12 +122,17 @@ def main() -> None:
     parser.add_argument("--mip-gap", type=float, default=0.05, help="relative gap at which a solve stops")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--append", action="store_true", help="replace only these models' rows in --out")
+    parser.add_argument("--doc", type=Path, default=DOC, help="markdown table to write")
+    parser.add_argument("--plots", type=Path, default=REPO / "docs", help="folder for memory-<model>.png")
     args = parser.parse_args()
     options = PlannerOptions(time_limit_s=args.time_limit, mip_gap=args.mip_gap)
     rows, problems, runs = [], {}, []
     command = (f"python bench/memory.py --models {','.join(args.models)} --batch {args.batch} "
                f"--ratios {','.join(map(str, args.ratios))} --algorithms {','.join(args.algorithms)} "
-               f"--time-limit {args.time_limit:g} --mip-gap {args.mip_gap:g}" + (" --append" if args.append else ""))
+               f"--time-limit {args.time_limit:g} --mip-gap {args.mip_gap:g}" + (" --append" if args.append else "")
+               + (f" --out {args.out.resolve().relative_to(REPO)}" if args.out.resolve() != RESULTS else "")
+               + (f" --doc {args.doc.resolve().relative_to(REPO)}" if args.doc.resolve() != DOC else "")
+               + (f" --plots {args.plots.resolve().relative_to(REPO)}" if args.plots.resolve() != REPO / "docs" else ""))
     if args.append and args.out.exists():  # rerun some models, keep the others' rows
         previous = json.loads(args.out.read_text())
         rows = [r for r in previous["rows"] if r["model"] not in args.models]
@@ -148,10 +154,10 @@ def main() -> None:
                     progress.advance(task)
             series = {a: [r for r in rows if r["model"] == model and r["algorithm"] == a and r["status"] != "infeasible"]
                       for a in (*args.algorithms, *BASELINES)}
-            plot_tradeoff(series, REPO / "docs" / f"memory-{model}.png", title=f"{model} batch {args.batch}")
+            plot_tradeoff(series, args.plots / f"memory-{model}.png", title=f"{model} batch {args.batch}")
             write_json(args.out, {"runs": runs, "problems": problems, "rows": rows})
-    DOC.write_text(markdown(rows, problems, runs))
-    print(f"wrote {args.out}, {DOC}")
+    args.doc.write_text(markdown(rows, problems, runs, os.path.relpath(args.plots, args.doc.parent)))
+    print(f"wrote {args.out}, {args.doc}")
 
 
 if __name__ == "__main__":

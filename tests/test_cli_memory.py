@@ -176,3 +176,14 @@ def test_umbrella_plan_writes_a_memory_plan(run_cli, tiny_trace, tmp_path):
     index = json.loads(r.out)
     assert [p["kind"] for p in index["plans"]] == ["memory"]
     assert run_cli("validate", out / "memory.plan.json", "--model", tiny_trace).code == 0
+
+
+def test_trace_using_a_tensor_before_it_is_produced_exits_2_naming_the_op(run_cli, tmp_path):
+    from test_formats import _read_late_tensor, _trace_dict
+
+    bad = tmp_path / "bad.trace.json"
+    bad.write_text(json.dumps(_trace_dict(_read_late_tensor)))
+    out = tmp_path / "p.plan.json"
+    r = plan(run_cli, bad, out, "--budget-ratio", "0.8")
+    assert r.code == 2 and "$.ops[0].inputs[2]" in r.err and "op 0 (aten::linear) uses tensor 6" in r.err
+    assert not out.exists()
