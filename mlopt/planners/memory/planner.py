@@ -121,13 +121,15 @@ def least_feasible_bytes(problem: MemoryProblem, *replays: Any) -> int:
     return min(peaks)
 
 
-def best_warm_start(problem: MemoryProblem, budget: int, joint: bool) -> tuple[Schedule | None, str]:
-    """The cheapest baseline schedule that fits the budget (default implementations only unless joint)."""
+def best_warm_start(problem: MemoryProblem, budget: int, joint: bool,
+                    extra: tuple[tuple[str, Schedule], ...] = ()) -> tuple[Schedule | None, str]:
+    """The cheapest schedule that fits the budget (default implementations only unless joint) among the
+    baselines and `extra` (e.g. the plan of a smaller budget in a sweep, which fits any larger one)."""
     from mlopt.planners.memory import baselines
     from mlopt.planners.memory.replay import ScheduleError, replay
 
     candidates = [("store-all", baselines.store_all(problem)), ("sqrt", baselines.sqrt_segments(problem)),
-                  ("greedy", baselines.greedy(problem, budget))]
+                  ("greedy", baselines.greedy(problem, budget)), *extra]
     best: tuple[float, str, Schedule] | None = None
     for name, schedule in candidates:
         if schedule is None or (not joint and not uses_default_impls(problem, schedule)):
@@ -151,8 +153,11 @@ def uses_default_impls(problem: MemoryProblem, schedule: Schedule) -> bool:
 
 
 def plan_memory(problem: MemoryProblem, options: MemoryOptions, planner_options: PlannerOptions,
-                inputs: dict[str, Any], progress: Callable[[str], None] = lambda message: None) -> MemoryResult:
-    """Plan for one budget; raises InfeasibleError (exit 3) when the algorithm cannot fit it."""
+                inputs: dict[str, Any], progress: Callable[[str], None] = lambda message: None,
+                warm_candidates: tuple[tuple[str, Schedule], ...] = ()) -> MemoryResult:
+    """Plan for one budget; raises InfeasibleError (exit 3) when the algorithm cannot fit it.
+
+    `warm_candidates`: more (name, schedule) MIP starts for the ILPs, beside the baselines."""
     from mlopt.planners.memory import baselines
     from mlopt.planners.memory.replay import replay
 
@@ -173,17 +178,18 @@ def plan_memory(problem: MemoryProblem, options: MemoryOptions, planner_options:
         plan = heuristic_plan("memory", replayed.compute_us, payload, inputs, planner_options,
                               time.perf_counter() - started, notes)
         return MemoryResult(plan, schedule, replayed)
-    return _plan_ilp(problem, options, planner_options, inputs, reference, budget, notes, started, progress)
+    return _plan_ilp(problem, options, planner_options, inputs, reference, budget, notes, started, progress,
+                     warm_candidates)
 
 
 def _plan_ilp(problem: MemoryProblem, options: MemoryOptions, planner_options: PlannerOptions,
               inputs: dict[str, Any], reference: Any, budget: int, notes: tuple[str, ...], started: float,
-              progress: Callable[[str], None]) -> MemoryResult:
+              progress: Callable[[str], None], warm_candidates: tuple[tuple[str, Schedule], ...]) -> MemoryResult:
     from mlopt.planners.memory.ilp import solve_memory_ilp
     from mlopt.planners.memory.replay import replay
 
     joint = options.algorithm == "monet"
-    warm, warm_name = best_warm_start(problem, budget, joint)
+    warm, warm_name = best_warm_start(problem, budget, joint, warm_candidates)
     progress(f"{options.algorithm} ILP" + (f", warm start from {warm_name}" if warm else ""))
     outcome = solve_memory_ilp(problem, budget, _ilp_options(planner_options), joint=joint, warm_start=warm)
     if outcome.schedule is None:

@@ -1,4 +1,10 @@
-"""`mlopt plan memory --sweep 0.3,0.4,...,1.0`: one plan per budget ratio, a trade-off table and plot."""
+"""`mlopt plan memory --sweep 0.3,0.4,...,1.0`: one plan per budget ratio, a trade-off table and plot.
+
+Ratios run in increasing order and each ILP is also offered the previous ratio's plan as a MIP start
+(it fits the larger budget): the solve then starts from a plan at least as good as the previous one
+whenever the start is accepted in full (`payload.ilp.warm_start` says). A single-budget `mlopt plan
+memory` starts from the baselines only.
+"""
 
 from __future__ import annotations
 
@@ -73,14 +79,16 @@ def run_sweep(problem: MemoryProblem, ratios: list[float], options: MemoryOption
 
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = []
+    previous: tuple[tuple[str, Any], ...] = ()  # ratios ascend: a smaller budget's plan fits every larger one
     for ratio in ratios:
         progress(f"budget ratio {ratio:.2f}")
         try:
             result = plan_memory(problem, replace(options, budget_ratio=ratio, budget_bytes=None),
-                                 planner_options, inputs, progress)
+                                 planner_options, inputs, progress, warm_candidates=previous)
         except InfeasibleError as exc:
             rows.append(sweep_row(ratio, None, exc, options.algorithm))
             continue
+        previous = ((f"plan at ratio {ratio:.2f}", result.schedule),)
         write_json(out_dir / plan_file_name(ratio), result.plan.to_dict(planner_options.record_wall_time))
         rows.append(sweep_row(ratio, result, None, options.algorithm))
     table = {"model": problem.name, "algorithm": options.algorithm,
