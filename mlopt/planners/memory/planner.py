@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from mlopt.errors import InfeasibleError
-from mlopt.formats.plan import Plan, PlanStatus
+from mlopt.formats.plan import Plan, PlanStatus, Provenance, input_hashes
 from mlopt.formats.sizes import format_size
 from mlopt.planners.memory.problem import MemoryProblem
 from mlopt.planners.memory.schedule import Schedule
@@ -29,6 +29,9 @@ ALGORITHMS = ("monet", "checkpoint-only", "sqrt", "store-all", "greedy")
 DEFAULT_BUDGET_RATIO = 0.5
 # When no --time-limit is given the ILPs still stop: MONeT-sized models otherwise run for hours.
 DEFAULT_ILP_TIME_LIMIT_S = 300.0
+# What the ILP's bound and gap refer to: the reduced model, not every schedule of the full MONeT problem.
+BOUND_SCOPE = ("bound and gap of the reduced ILP (recomputation window, merged stages); schedules outside it, "
+               "e.g. a baseline's, may be cheaper")
 # Relative tolerance when checking the solver's objective against the replayed compute time.
 OBJECTIVE_RTOL = 1e-6
 
@@ -192,21 +195,43 @@ def _plan_ilp(problem: MemoryProblem, options: MemoryOptions, planner_options: P
     warm, warm_name = best_warm_start(problem, budget, joint, warm_candidates)
     progress(f"{options.algorithm} ILP" + (f", warm start from {warm_name}" if warm else ""))
     outcome = solve_memory_ilp(problem, budget, _ilp_options(planner_options), joint=joint, warm_start=warm)
-    if outcome.schedule is None:
-        if outcome.result.status.name == "INFEASIBLE":
-            raise _infeasible(budget, least_feasible_bytes(problem), options.algorithm, " (proven by the solver)")
+    solved = replay(problem, outcome.schedule) if outcome.schedule is not None else None
+    started_from = replay(problem, warm) if warm is not None else None
+    if started_from is not None and (solved is None or started_from.compute_us < solved.compute_us * (1 - 1e-9)):
+        # The reduced ILP (window, merged stages) could not represent or improve its start: the start wins.
+        return _warm_start_plan(problem, options, planner_options, inputs, reference, budget, notes, started,
+                                outcome, warm, warm_name, started_from)
+    if solved is None:
         least = least_feasible_bytes(problem)
-        raise _infeasible(budget, least, options.algorithm,
-                          f" (solver: {outcome.result.status.value}, no schedule found in the time limit)")
-    replayed = replay(problem, outcome.schedule)
-    _check_objective(outcome.result.objective, replayed.compute_us)
-    extra = {"ilp": deterministic_stats(outcome.stats), "warm_start": warm_name or None}
-    payload = _payload(problem, outcome.schedule, replayed, reference, budget, options, extra)
+        why = (" (the reduced ILP is proven infeasible)" if outcome.result.status.name == "INFEASIBLE" else
+               f" (solver: {outcome.result.status.value}, no schedule found in the time limit)")
+        raise _infeasible(budget, least, options.algorithm, why)
+    _check_objective(outcome.result.objective, solved.compute_us)
+    extra = {"ilp": deterministic_stats(outcome.stats), "warm_start": warm_name or None,
+             "bound_scope": BOUND_SCOPE}
+    payload = _payload(problem, outcome.schedule, solved, reference, budget, options, extra)
     plan = plan_from_solve("memory", outcome.result, payload, inputs, planner_options,
                            time.perf_counter() - started, notes)
     if plan.status not in (PlanStatus.OPTIMAL, PlanStatus.FEASIBLE):
         raise AssertionError(f"solver returned a schedule with status {plan.status.value}")
-    return MemoryResult(plan, outcome.schedule, replayed)
+    return MemoryResult(plan, outcome.schedule, solved)
+
+
+def _warm_start_plan(problem, options, planner_options, inputs, reference, budget, notes, started, outcome,
+                     warm, warm_name, replayed) -> MemoryResult:
+    """The warm start returned as the plan: heuristic (the ILP's bound is its reduced model's, not this plan's)."""
+    result = outcome.result
+    solved = {"status": result.status.value, "objective": result.objective, "best_bound": result.best_bound,
+              "gap": result.gap}
+    extra = {"ilp": deterministic_stats(outcome.stats), "ilp_result": solved, "warm_start": warm_name,
+             "bound_scope": BOUND_SCOPE}
+    payload = _payload(problem, warm, replayed, reference, budget, options, extra)
+    note = (f"the {options.algorithm} ILP ({result.status.value}) did not improve on its warm start "
+            f"{warm_name}; the plan is that schedule")
+    provenance = Provenance(input_hashes(inputs), result.solver, result.solver_version, planner_options.to_dict())
+    plan = Plan("memory", PlanStatus.HEURISTIC, replayed.compute_us, None, None, time.perf_counter() - started,
+                payload, provenance, (*notes, note))
+    return MemoryResult(plan, warm, replayed)
 
 
 def deterministic_stats(stats: dict[str, Any]) -> dict[str, Any]:
