@@ -27,7 +27,6 @@ sys.path.insert(0, str(REPO))
 
 from mlopt.errors import InfeasibleError  # noqa: E402
 from mlopt.formats.io import write_json  # noqa: E402
-from mlopt.formats.sizes import format_size  # noqa: E402
 from mlopt.formats.trace import load_trace, save_trace  # noqa: E402
 from mlopt.planners.memory.build import build_problem  # noqa: E402
 from mlopt.planners.memory.planner import MemoryOptions, plan_memory  # noqa: E402
@@ -102,10 +101,10 @@ def markdown(rows: list[dict], problems: dict, runs: list[str], plots_from_doc: 
     for r in rows:
         info = problems[r["model"]]
         if r["status"] == "infeasible":
-            lines.append(f"| {r['model']} | {info['nodes']} | {format_size(info['store_all_peak'])} | {r['algorithm']} | "
+            lines.append(f"| {r['model']} | {info['nodes']} | {info['store_all_peak'] / 2**30:.2f} GiB | {r['algorithm']} | "
                          f"{r['budget_ratio']} | infeasible | | | | {r['wall_s']} |")
             continue
-        lines.append(f"| {r['model']} | {info['nodes']} | {format_size(info['store_all_peak'])} | {r['algorithm']} | "
+        lines.append(f"| {r['model']} | {info['nodes']} | {info['store_all_peak'] / 2**30:.2f} GiB | {r['algorithm']} | "
                      f"{r['budget_ratio'] if r['budget_ratio'] is not None else ''} | {r['status']} | "
                      f"{r['memory_ratio']:.3f} | {fmt_pct(r['compute_overhead'])} | {fmt_pct(r['gap'])} | {r['wall_s']} |")
     lines += ["", "Plots: " + ", ".join(f"[{m}]({plots_from_doc}/memory-{m}.png)" for m in problems), ""]
@@ -123,9 +122,15 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--append", action="store_true", help="replace only these models' rows in --out")
     parser.add_argument("--doc", type=Path, default=DOC, help="markdown table to write")
+    parser.add_argument("--report-only", action="store_true", help="rewrite --doc from --out without planning")
     parser.add_argument("--plots", type=Path, default=REPO / "docs", help="folder for memory-<model>.png")
     args = parser.parse_args()
     options = PlannerOptions(time_limit_s=args.time_limit, mip_gap=args.mip_gap)
+    if args.report_only:
+        previous = json.loads(args.out.read_text())
+        args.doc.write_text(markdown(previous["rows"], previous["problems"], previous["runs"],
+                                     os.path.relpath(args.plots, args.doc.parent)))
+        return
     rows, problems, runs = [], {}, []
     command = (f"python bench/memory.py --models {','.join(args.models)} --batch {args.batch} "
                f"--ratios {','.join(map(str, args.ratios))} --algorithms {','.join(args.algorithms)} "

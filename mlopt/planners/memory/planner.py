@@ -208,7 +208,7 @@ def _plan_ilp(problem: MemoryProblem, options: MemoryOptions, planner_options: P
         raise _infeasible(budget, least, options.algorithm, why)
     _check_objective(outcome.result.objective, solved.compute_us)
     extra = {"ilp": deterministic_stats(outcome.stats), "warm_start": warm_name or None,
-             "bound_scope": BOUND_SCOPE}
+             "bound_scope": BOUND_SCOPE, "bound_gap": bound_gap(outcome.result)}
     payload = _payload(problem, outcome.schedule, solved, reference, budget, options, extra)
     plan = plan_from_solve("memory", outcome.result, payload, inputs, planner_options,
                            time.perf_counter() - started, notes)
@@ -232,6 +232,13 @@ def _warm_start_plan(problem, options, planner_options, inputs, reference, budge
     plan = Plan("memory", PlanStatus.HEURISTIC, replayed.compute_us, None, None, time.perf_counter() - started,
                 payload, provenance, (*notes, note))
     return MemoryResult(plan, warm, replayed)
+
+
+def bound_gap(result: Any) -> float | None:
+    """(objective - best bound) / objective: the plan's `gap` is 0 for any solve within --mip-gap, this is not."""
+    if result.objective is None or result.best_bound is None or not math.isfinite(result.best_bound):
+        return None
+    return max(0.0, result.objective - result.best_bound) / max(abs(result.objective), 1e-9)
 
 
 def deterministic_stats(stats: dict[str, Any]) -> dict[str, Any]:
