@@ -37,3 +37,17 @@ def run_cli(capsys):
         return CliResult(code, captured.out, captured.err)
 
     return run
+
+
+@pytest.fixture(scope="module")
+def torchvision_module():
+    """torchvision (with mlopt's nms shim when its compiled ops do not load); skips when unusable or absent."""
+    pytest.importorskip("torch")
+    from mlopt.runtime.torch_models import import_torchvision
+
+    try:
+        module, shim = import_torchvision()
+    except Exception as error:  # noqa: BLE001 - any failure means: no usable torchvision here
+        pytest.skip(f"torchvision cannot be imported, even with the nms shim: {error}")
+    yield module
+    del shim

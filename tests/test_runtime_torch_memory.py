@@ -22,7 +22,7 @@ from mlopt.planners.memory.baselines import least_memory, sqrt_segments, store_a
 from mlopt.planners.memory.build import build_problem  # noqa: E402
 from mlopt.planners.memory.replay import replay  # noqa: E402
 from mlopt.runtime.torch import PlanMismatchError, apply_memory_plan, measure_step  # noqa: E402
-from mlopt.runtime.torch_models import import_torchvision, resolve_model  # noqa: E402
+from mlopt.runtime.torch_models import resolve_model  # noqa: E402
 from mlopt.runtime.torch_trace import trace_model  # noqa: E402
 
 BATCH = 2
@@ -60,16 +60,6 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def torchvision_module():
-    try:
-        module, shim = import_torchvision()
-    except Exception as error:  # noqa: BLE001 - any failure means: no usable torchvision here
-        pytest.skip(f"torchvision cannot be imported, even with the nms shim: {error}")
-    yield module
-    del shim
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 
 from mlopt.errors import InputError  # noqa: E402
 from mlopt.formats.trace import ModelTrace, validate_trace  # noqa: E402
-from mlopt.runtime.torch_models import import_torchvision, resolve_model  # noqa: E402
+from mlopt.runtime.torch_models import resolve_model  # noqa: E402
 from mlopt.runtime.torch_trace import _TensorTable, trace_model, trace_model_spec  # noqa: E402
 
 MODELS_DIR = os.path.join(os.path.dirname(__file__), "data", "models")
@@ -230,16 +230,6 @@ def test_wrong_input_shape_is_an_input_error():
 
 
 # ---------------------------------------------------------------------------------------- torchvision
-
-
-@pytest.fixture(scope="module")
-def torchvision_module():
-    try:
-        module, shim = import_torchvision()
-    except Exception as error:  # noqa: BLE001 - any failure means: no usable torchvision here
-        pytest.skip(f"torchvision cannot be imported, even with the nms shim: {error}")
-    yield module
-    del shim
 
 
 @pytest.fixture(scope="module")
