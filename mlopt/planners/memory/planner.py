@@ -99,6 +99,10 @@ def _fits(replayed: Any, budget: int) -> bool:
 
 
 def _infeasible(budget: int, least: int, algorithm: str, why: str = "") -> InfeasibleError:
+    if least <= budget:  # another algorithm's schedule fits: say which budget this one would need instead
+        return InfeasibleError(
+            f"{algorithm} found no schedule within {format_size(budget)} ({budget} bytes){why}; a schedule of "
+            f"{format_size(least)} ({least} bytes) exists: try --algorithm monet or a larger --time-limit")
     return InfeasibleError(
         f"memory budget {format_size(budget)} ({budget} bytes) is infeasible for {algorithm}{why}; "
         f"the least feasible budget found is {format_size(least)} ({least} bytes)")
@@ -132,7 +136,8 @@ def best_warm_start(problem: MemoryProblem, budget: int, joint: bool,
     from mlopt.planners.memory.replay import ScheduleError, replay
 
     candidates = [("store-all", baselines.store_all(problem)), ("sqrt", baselines.sqrt_segments(problem)),
-                  ("greedy", baselines.greedy(problem, budget)), *extra]
+                  ("greedy", baselines.greedy(problem, budget)), ("least-memory", baselines.least_memory(problem)),
+                  *extra]
     best: tuple[float, str, Schedule] | None = None
     for name, schedule in candidates:
         if schedule is None or (not joint and not uses_default_impls(problem, schedule)):
