@@ -11,6 +11,17 @@ from mlopt.sim.plots import _MARKERS, _save
 GIB = 2**30
 
 
+def _finish(fig: Any, ax: Any, xlabel: str, ylabel: str, title: str, path: str | os.PathLike) -> Path:
+    """Labels, grid and legend shared by the memory plots, then the reproducible save."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    return _save(fig, path)
+
+
 def plot_tradeoff(series: Mapping[str, Sequence[Mapping[str, Any]]], path: str | os.PathLike,
                   title: str = "memory vs compute") -> Path:
     """Compute overhead (%) against memory ratio (peak / store-all peak), one line per algorithm."""
@@ -23,13 +34,7 @@ def plot_tradeoff(series: Mapping[str, Sequence[Mapping[str, Any]]], path: str |
         if points:
             ax.plot([p[0] for p in points], [p[1] for p in points], marker=_MARKERS[n % len(_MARKERS)], label=name)
     ax.scatter([1.0], [0.0], color="black", zorder=3, label="store-all (PyTorch)")
-    ax.set_xlabel("peak memory / store-all peak")
-    ax.set_ylabel("compute overhead over store-all (%)")
-    ax.set_title(title)
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize="small")
-    fig.tight_layout()
-    return _save(fig, path)
+    return _finish(fig, ax, "peak memory / store-all peak", "compute overhead over store-all (%)", title, path)
 
 
 def plot_memory_timeline(timelines: Mapping[str, Sequence[Any]], path: str | os.PathLike, budget_bytes: int | None,
@@ -43,10 +48,4 @@ def plot_memory_timeline(timelines: Mapping[str, Sequence[Any]], path: str | os.
         ax.plot(range(len(events)), [e.bytes / GIB for e in events], linewidth=1.0, label=name)
     if budget_bytes:
         ax.axhline(budget_bytes / GIB, color="red", linestyle="--", linewidth=1.0, label="budget")
-    ax.set_xlabel("operator (forward, then backward stages with their recomputations)")
-    ax.set_ylabel("memory (GiB)")
-    ax.set_title(title)
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize="small")
-    fig.tight_layout()
-    return _save(fig, path)
+    return _finish(fig, ax, "operator (forward, then backward stages with their recomputations)", "memory (GiB)", title, path)
