@@ -18,6 +18,7 @@ import math
 import os
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from rich.progress import Progress
@@ -73,12 +74,34 @@ def ratios_for(problem, requested: list[float], reference_peak: int) -> list[flo
 
 
 def run_one(problem, model: str, algorithm: str, ratio: float, options: PlannerOptions) -> dict:
+    return run_job(problem, model, (algorithm,), ratio, options)[0]
+
+
+def run_job(problem, model: str, algorithms: tuple[str, ...], ratio: float, options: PlannerOptions) -> list[dict]:
+    """Rows for `algorithms` at one ratio. ("monet", "checkpoint-only") is one monet run: its first solve is
+    the checkpoint-only plan (the same call as --algorithm checkpoint-only), reported as that row with its
+    own wall time; the monet row's wall time includes it."""
+    algorithm = "monet" if "monet" in algorithms else algorithms[0]
     started = time.perf_counter()
     try:
         result = plan_memory(problem, MemoryOptions(algorithm, budget_ratio=ratio), options, {"model": model})
-        return row_of(model, algorithm, ratio, result, None, time.perf_counter() - started)
     except InfeasibleError as exc:
-        return row_of(model, algorithm, ratio, None, exc, time.perf_counter() - started)
+        return [row_of(model, a, ratio, None, exc, time.perf_counter() - started) for a in algorithms]
+    rows = {algorithm: row_of(model, algorithm, ratio, result, None, time.perf_counter() - started)}
+    if "checkpoint-only" in algorithms and algorithm == "monet":
+        first = result.checkpoint_only
+        rows["checkpoint-only"] = (row_of(model, "checkpoint-only", ratio, first, None, first.plan.wall_time_s)
+                                   if first is not None else
+                                   {"model": model, "algorithm": "checkpoint-only", "budget_ratio": ratio,
+                                    "wall_s": None, "status": "infeasible", "message": "no plan in monet's first solve"})
+    return [rows[a] for a in algorithms]
+
+
+def job_groups(algorithms: list[str]) -> list[tuple[str, ...]]:
+    """One job per algorithm and baseline, but monet and checkpoint-only together (see run_job)."""
+    pair = ("monet", "checkpoint-only")
+    together = [pair] if all(a in algorithms for a in pair) else []
+    return together + [(a,) for a in (*algorithms, *BASELINES) if not (together and a in pair)]
 
 
 def fmt_pct(value) -> str:
@@ -107,8 +130,35 @@ def markdown(rows: list[dict], problems: dict, runs: list[str], plots_from_doc: 
         lines.append(f"| {r['model']} | {info['nodes']} | {info['store_all_peak'] / 2**30:.2f} GiB | {r['algorithm']} | "
                      f"{r['budget_ratio'] if r['budget_ratio'] is not None else ''} | {r['status']} | "
                      f"{r['memory_ratio']:.3f} | {fmt_pct(r['compute_overhead'])} | {fmt_pct(r['gap'])} | {r['wall_s']} |")
-    lines += ["", "Plots: " + ", ".join(f"[{m}]({plots_from_doc}/memory-{m}.png)" for m in problems), ""]
+    lines += ["", *targets(rows), "", "Plots: " + ", ".join(f"[{m}]({plots_from_doc}/memory-{m}.png)" for m in problems),
+              ""]
     return "\n".join(lines)
+
+
+def targets(rows: list[dict]) -> list[str]:
+    """The issue's acceptance figures, computed from the rows."""
+    solved = [r for r in rows if r["status"] != "infeasible"]
+    ilp = [r for r in solved if r["algorithm"] in ("monet", "checkpoint-only")]
+    by_key = {(r["model"], r["budget_ratio"], r["algorithm"]): r for r in solved}
+    pairs = [(r, by_key.get((r["model"], r["budget_ratio"], "checkpoint-only")))
+             for r in solved if r["algorithm"] == "monet"]
+    pairs = [(m, c) for m, c in pairs if c is not None]
+    worse = [f"{m['model']} {m['budget_ratio']} ({fmt_pct(m['compute_overhead'])} vs {fmt_pct(c['compute_overhead'])})"
+             for m, c in pairs if m["compute_overhead"] > c["compute_overhead"] + 1e-9]
+    r50 = [r for r in solved if r["model"] == "resnet50" and r["algorithm"] == "monet" and r["memory_ratio"] <= 0.40]
+    best = min(r50, key=lambda r: r["compute_overhead"], default=None)
+    gaps = [r["gap"] for r in ilp if r["gap"] is not None]
+    lines = ["## Targets", ""]
+    if best is not None:
+        lines.append(f"- ResNet-50 at <= 0.40x of store-all memory: least compute overhead {fmt_pct(best['compute_overhead'])} "
+                     f"(memory ratio {best['memory_ratio']:.3f}; target <= 10%).")
+    lines.append(f"- Joint (monet) vs checkpoint-only at the same budget and time limit: joint worse in {len(worse)} of "
+                 f"{len(pairs)} pairs" + (": " + ", ".join(worse) if worse else "") + ".")
+    if ilp:
+        lines.append(f"- ILP plans: largest reported gap {fmt_pct(max(gaps, default=0.0))} (target <= 5%), longest wall "
+                     f"time {max(r['wall_s'] for r in ilp):.0f} s (target <= 600 s); "
+                     f"{sum(1 for g in gaps if g > 0.05)} of {len(ilp)} plans above a 5% gap.")
+    return lines
 
 
 def main() -> None:
@@ -117,8 +167,9 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--ratios", type=lambda s: [float(x) for x in s.split(",")], default=[0.33, 0.4, 0.5, 0.6, 0.7])
     parser.add_argument("--algorithms", type=lambda s: s.split(","), default=["monet", "checkpoint-only"])
-    parser.add_argument("--time-limit", type=float, default=600.0, help="seconds per ILP solve")
-    parser.add_argument("--mip-gap", type=float, default=0.05, help="relative gap at which a solve stops")
+    parser.add_argument("--time-limit", type=float, default=300.0, help="seconds per ILP solve")
+    parser.add_argument("--mip-gap", type=float, default=1e-4, help="relative gap at which a solve stops")
+    parser.add_argument("--jobs", type=int, default=1, help="plans solved at once (one solver thread each)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--append", action="store_true", help="replace only these models' rows in --out")
     parser.add_argument("--doc", type=Path, default=DOC, help="markdown table to write")
@@ -134,7 +185,7 @@ def main() -> None:
     rows, problems, runs = [], {}, []
     command = (f"python bench/memory.py --models {','.join(args.models)} --batch {args.batch} "
                f"--ratios {','.join(map(str, args.ratios))} --algorithms {','.join(args.algorithms)} "
-               f"--time-limit {args.time_limit:g} --mip-gap {args.mip_gap:g}" + (" --append" if args.append else "")
+               f"--time-limit {args.time_limit:g} --mip-gap {args.mip_gap:g} --jobs {args.jobs}" + (" --append" if args.append else "")
                + (f" --out {args.out.resolve().relative_to(REPO)}" if args.out.resolve() != RESULTS else "")
                + (f" --doc {args.doc.resolve().relative_to(REPO)}" if args.doc.resolve() != DOC else "")
                + (f" --plots {args.plots.resolve().relative_to(REPO)}" if args.plots.resolve() != REPO / "docs" else ""))
@@ -145,17 +196,21 @@ def main() -> None:
         runs = previous.get("runs", [])
     runs.append(command)
     with Progress() as progress:
-        task = progress.add_task("memory bench", total=len(args.models) * len(args.ratios) * (len(args.algorithms) + len(BASELINES)))
+        task = progress.add_task("memory bench", total=None)
         for model in args.models:
             progress.update(task, description=f"{model}: tracing")
             problem = build_problem(traced(model, args.batch))
             reference = run_one(problem, model, "store-all", 1.0, options)
             problems[model] = {"nodes": problem.n, "store_all_peak": reference["peak_bytes"],
                                "metadata": problem.metadata}
-            for ratio in ratios_for(problem, args.ratios, reference["peak_bytes"]):
-                for algorithm in (*args.algorithms, *BASELINES):
-                    progress.update(task, description=f"{model} {algorithm} {ratio}")
-                    rows.append(run_one(problem, model, algorithm, ratio, options))
+            jobs = [(group, ratio) for ratio in ratios_for(problem, args.ratios, reference["peak_bytes"])
+                    for group in job_groups(args.algorithms)]
+            progress.update(task, description=f"{model}: {len(jobs)} jobs, {args.jobs} at once",
+                            total=(progress.tasks[0].total or 0) + len(jobs))
+            with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+                futures = [pool.submit(run_job, problem, model, group, ratio, options) for group, ratio in jobs]
+                for future in futures:  # rows in job order, whatever order they finish in
+                    rows.extend(future.result())
                     progress.advance(task)
             series = {a: [r for r in rows if r["model"] == model and r["algorithm"] == a and r["status"] != "infeasible"]
                       for a in (*args.algorithms, *BASELINES)}

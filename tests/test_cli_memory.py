@@ -71,6 +71,9 @@ def test_joint_never_worse_than_checkpoint_only(run_cli, tiny_trace, tmp_path):
         assert doc["provenance"]["status"] == "optimal"  # tiny: proven
         assert doc["provenance"]["gap"] is not None and doc["provenance"]["best_bound"] is not None
     assert objectives["monet"] <= objectives["checkpoint-only"] * (1 + 1e-9)
+    # MONeT's first solve is that checkpoint-only plan; the joint ILP starts from it.
+    first = json.loads((tmp_path / "monet.plan.json").read_text())["payload"]["ilp"]["checkpoint_only_plan"]
+    assert first["objective"] == objectives["checkpoint-only"] and first["status"] == "optimal"
 
 
 def test_same_inputs_give_byte_identical_plans(run_cli, tiny_trace, tmp_path):

@@ -132,6 +132,38 @@ def test_least_memory_recomputes_everything_with_relu_masks(small_resnet):
     assert not [note for note in measure.notes if "on demand" in note]
 
 
+def output_activated_bn_schedule(problem):
+    """Store-all with every batch norm's backward output-activated: its ReLU runs out of place, so the
+    output is stored, and the input (the convolution's output) is stored for nothing and freed."""
+    from mlopt.planners.memory.baselines import needed_values, schedule_from_stored
+
+    forward, backward = {}, {}
+    for node in problem.nodes:
+        if any(b.name == "output-activated" for b in node.backward) and node.name == "aten::native_batch_norm":
+            backward[node.index] = "output-activated"
+    for node in problem.nodes:
+        if node.inplace_input in backward and any(f.name == "outofplace" for f in node.forward):
+            forward[node.index] = "outofplace"
+    impls = {"forward": forward, "backward": backward}
+    return schedule_from_stored(problem, needed_values(problem, impls), impls), len(backward)
+
+
+def test_output_activated_batch_norm_rebuilds_its_input(resnet):
+    problem = resnet.problem
+    schedule, rebuilt = output_activated_bn_schedule(problem)
+    assert rebuilt == 20, "resnet18 has 20 batch norms, each with an output-activated backward"
+    conv_outputs = {problem.nodes[b.node].inputs[0] for b in schedule.backward
+                    if b.impl == "output-activated" and problem.nodes[b.node].name == "aten::native_batch_norm"}
+    assert not conv_outputs & {f.node for f in schedule.forward if f.store}, "the inputs are not stored"
+    predicted = replay(problem, schedule)
+    executor, measure = run_planned(resnet, schedule, trace=resnet.trace)
+    report("output-activated batch norm", problem, measure, predicted)
+    assert_same_step(resnet, measure)
+    assert executor.rebuilt_inputs == rebuilt
+    assert not measure.fallbacks and not [note for note in measure.notes if "on demand" in note]
+    assert measure.forward_end_bytes == pytest.approx(predicted.forward_end_bytes, rel=MEMORY_TOLERANCE)
+
+
 def test_executor_is_reusable_across_steps(resnet):
     schedule = sqrt_segments(resnet.problem)
     resnet.reset()

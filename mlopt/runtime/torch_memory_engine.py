@@ -23,7 +23,10 @@ How one planned training step runs (problem.py gives the schedule's semantics, b
   the replay's greedy freeing (values no later recomputation of the stage reads, not kept and not in
   D_k go as soon as possible). Unpacking a handle serves the value from `live` as a view with the saved
   geometry; at a ReLU stage whose implementation is "intermediate-activated" the saved result is served
-  by the bool mask, which threshold_backward(grad, mask, 0) reads to the same gradient. A post-hook
+  by the bool mask, which threshold_backward(grad, mask, 0) reads to the same gradient; at a batch-norm
+  stage whose implementation is "output-activated" the saved input is served rebuilt from the output,
+  x = mean + (y - beta) / (gamma * invstd) (catalog.py; equal to the input up to float rounding; a
+  channel with gamma = 0 cannot be rebuilt: the input is then recomputed and a note says so). A post-hook
   applies the keep set S^{k-1}. Autograd runs nodes in decreasing sequence number, i.e. reverse forward
   order: the plan's stage order. A value needed but not live (a plan or a problem that does not match
   what autograd reads) is recomputed on demand and said in `notes`.
@@ -322,6 +325,7 @@ class PlanExecutor:
         self._hooks: Any = None
         self._entry_before: dict[int, tuple[int, _Geometry]] = {}
         self.mask_unpacks = 0  # saved ReLU results served from a sign mask, last step
+        self.rebuilt_inputs = 0  # saved batch-norm inputs served rebuilt from the output, last step
         self._static_fallbacks()
 
     # -------------------------------------------------------------------------------------- checks
@@ -353,6 +357,31 @@ class PlanExecutor:
         m = self.mask_of.get(k)
         return m if m is not None and m in impl.deps else None
 
+    def _rebuilds_input(self, k: int, impl: BackwardImpl | None) -> int | None:
+        """The input node an output-activated batch-norm backward at stage k rebuilds from its output."""
+        node = self.nodes[k]
+        if (impl is None or impl.kind != "output-activated" or node.name not in BATCH_NORM_OPS
+                or not node.inputs or node.inputs[0] in impl.deps or k not in impl.deps):
+            return None
+        return node.inputs[0]
+
+    def _rebuilt_input(self, k: int) -> torch.Tensor | None:
+        """x = mean + (y - beta) / (gamma * invstd), per channel (dim 1), from the live output y of batch
+        norm k and its saved statistics; None when a channel's gamma * invstd is 0 (not invertible)."""
+        step = self._step
+        record = step.records[k]
+        args, _ = tree_unflatten(list(record.leaves), record.spec)
+        weight, bias = (a.tensor if isinstance(a, _ConstRef) else a for a in (args[1], args[2]))
+        mean, invstd = (self._value(s, k) for s in self.sides[k][:2])
+        y = self._value(k, k)
+        scale = invstd if weight is None else weight * invstd
+        if bool((scale == 0).any()):
+            return None
+        shape = [1, -1] + [1] * (y.dim() - 2)
+        shift = mean if bias is None else mean - bias / scale
+        with torch.no_grad():
+            return torch.addcmul(shift.view(shape).to(y.dtype), y, (1.0 / scale).view(shape).to(y.dtype))
+
     def _static_fallbacks(self) -> None:
         """Implementation choices eager PyTorch cannot honour on this device, known before running."""
         for node in self.nodes:
@@ -372,7 +401,7 @@ class PlanExecutor:
                               f"counterpart on this device; ran '{default.name}'")
             impl = self._backward_impl(node.index)
             if impl is not None and node.backward and impl.name != node.backward[0].name:
-                if self._mask_dep(node.index, impl) is None:
+                if self._mask_dep(node.index, impl) is None and self._rebuilds_input(node.index, impl) is None:
                     self._say("fallback", f"node {node.index} ({node.name}): backward '{impl.name}' has no PyTorch "
                               f"counterpart on this device; autograd ran '{node.backward[0].name}'")
 
@@ -392,6 +421,7 @@ class PlanExecutor:
         self._step = step
         self.recomputed = []
         self.mask_unpacks = 0
+        self.rebuilt_inputs = 0
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         self._hooks.__enter__()
         self._mode = _ForwardMode(self)
@@ -646,6 +676,14 @@ class PlanExecutor:
             recorded = self._recorded(k)
             return _view(value, dataclasses.replace(recorded, dtype=value.dtype),
                          dataclasses.replace(packed.geometry, dtype=value.dtype))
+        impl = self._backward_impl(k)
+        if packed.node == self._rebuilds_input(k, impl) and packed.node not in step.live:
+            rebuilt = self._rebuilt_input(k)
+            if rebuilt is not None:
+                self.rebuilt_inputs += 1
+                return _view(rebuilt, self._recorded(packed.node), packed.geometry)
+            self._say("note", f"node {k} ({self.nodes[k].name}): a channel has gamma = 0, so its input cannot be "
+                      "rebuilt from its output; recomputed instead")
         return _view(self._value(packed.node, k), self._recorded(packed.node), packed.geometry)
 
     def _recorded(self, v: int) -> _Geometry:

@@ -352,7 +352,8 @@ def build_problem(trace: ModelTrace, profile: dict | None = None, source: str = 
             if d.index in stages:
                 traced_b = _traced_backward(d.index, stages[d.index], times, d.inputs, intermediates)
                 backward = catalog.backward_impls(d.name, traced_b, node=d.index, mask=fwd.mask_of.get(d.index),
-                                                  out_bytes=d.out_bytes, profile=ops_profile.get(d.name))
+                                                  out_bytes=d.out_bytes, profile=ops_profile.get(d.name),
+                                                  input_node=d.inputs[0] if d.inputs else None)
         else:
             forward = (catalog.mask_impl(times[d.op.id][0]) if d.role == "mask" else ForwardImpl("default", 0.0),)
             inplace_input = None

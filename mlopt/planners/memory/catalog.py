@@ -12,9 +12,15 @@ alternatives PyTorch on CPU really has, with the measured time as their estimate
   runtime stores; computed from the relu's result for 0.1 x the relu's time; no backward).
 * aten::threshold, aten::threshold_. Forward "inplace" / "outofplace" as for relu; backward as traced
   (it reads the input, so there is no output-activated variant).
-* aten::convolution, aten::native_batch_norm (input-activated: input + saved mean/invstd),
-  aten::max_pool2d_with_indices (input + indices) and the other TRACED_ONLY_OPS: as traced. CPU
-  PyTorch has one kernel for each and fixed saved tensors.
+* aten::native_batch_norm. Forward as traced. Backward: "default" (input-activated: PyTorch saves the
+  input + the saved mean/invstd) and "output-activated" (MONeT section 4.4, In-Place ABN): the input
+  is rebuilt from the output, x = mean + (y - beta) / (gamma * invstd), one elementwise pass into a
+  buffer of |x| bytes (the workspace), then the same backward runs. D = {the output, mean, invstd}.
+  Its time is the traced backward's x (1 + BN_REBUILD_TIME_FACTOR). Our runtime serves autograd the
+  rebuilt input (mlopt.runtime.torch_memory_engine); gamma = 0 channels cannot be rebuilt, which
+  the runtime detects and reports.
+* aten::convolution, aten::max_pool2d_with_indices (input + indices) and the other TRACED_ONLY_OPS:
+  as traced. CPU PyTorch has one kernel for each and fixed saved tensors.
 * anything else (unknown): as traced (the conservative default), and the problem warns, naming it.
 
 CPU PyTorch has no algorithm choice for convolution (no cuDNN-style algorithms, no workspace query),
@@ -49,15 +55,19 @@ THRESHOLD_OPS = frozenset({"aten::threshold", "aten::threshold_"})
 MASK_NODE_NAME = "mlopt::relu_mask"
 # The sign mask is computed from the relu's result (x > 0): a cheap elementwise pass.
 MASK_TIME_FACTOR = 0.1
+BATCH_NORM_OPS = frozenset({"aten::native_batch_norm"})
+# Rebuilding a batch norm's input from its output (one addcmul over |x|) costs 0.3-1.0 x the traced
+# batch-norm backward on this 2-core CPU (ResNet-50 shapes, batch 32): the upper end is charged.
+BN_REBUILD_TIME_FACTOR = 1.0
 # Ops whose traced behaviour is all CPU PyTorch offers (one kernel, fixed saved tensors).
 TRACED_ONLY_OPS = frozenset({
-    "aten::convolution", "aten::native_batch_norm", "aten::max_pool2d_with_indices",
+    "aten::convolution", "aten::max_pool2d_with_indices",
     "aten::addmm", "aten::mm", "aten::bmm", "aten::linear", "aten::matmul",
     "aten::add", "aten::add_", "aten::mul", "aten::mul_", "aten::sub", "aten::div",
     "aten::mean", "aten::sum", "aten::_log_softmax", "aten::_softmax", "aten::nll_loss_forward",
     "aten::avg_pool2d", "aten::_adaptive_avg_pool2d", "aten::adaptive_avg_pool2d", "aten::cat",
 })
-KNOWN_OPS = RELU_OPS | THRESHOLD_OPS | TRACED_ONLY_OPS
+KNOWN_OPS = RELU_OPS | THRESHOLD_OPS | BATCH_NORM_OPS | TRACED_ONLY_OPS
 
 _PROFILE_IMPL_FIELDS = {"name", "time_factor", "workspace_per_output_byte"}
 
@@ -161,7 +171,9 @@ def _reserved_names(op_name: str, phase: str) -> set[str]:
     """Names the catalog itself gives this op type's implementations."""
     if phase == "forward":
         return {"default", "inplace", "outofplace"} if op_name in RELU_OPS | THRESHOLD_OPS else {"default"}
-    return {"default", "output-activated", "intermediate-activated"} if op_name in RELU_OPS else {"default"}
+    if op_name in RELU_OPS:
+        return {"default", "output-activated", "intermediate-activated"}
+    return {"default", "output-activated"} if op_name in BATCH_NORM_OPS else {"default"}
 
 
 # --------------------------------------------------------------------------------------- implementations
@@ -188,8 +200,10 @@ def forward_impls(op_name: str, traced: tuple[ForwardImpl, ...], *, inplace_lega
 
 
 def backward_impls(op_name: str, traced: tuple[BackwardImpl, ...], *, node: int, mask: int | None,
-                   out_bytes: int, profile: OpProfile | None = None) -> tuple[BackwardImpl, ...]:
-    """J_hat_k for the stage of forward node `node`; `mask` is its relu mask node, if any."""
+                   out_bytes: int, profile: OpProfile | None = None,
+                   input_node: int | None = None) -> tuple[BackwardImpl, ...]:
+    """J_hat_k for the stage of forward node `node`; `mask` is its relu mask node, if any;
+    `input_node` the node whose output it normalises (batch norm)."""
     if not traced:
         return ()
     default = traced[0]
@@ -202,6 +216,10 @@ def backward_impls(op_name: str, traced: tuple[BackwardImpl, ...], *, node: int,
         intermediate = BackwardImpl("intermediate-activated", default.compute_us, default.workspace_bytes,
                                     masked_deps, "intermediate-activated")
         impls = [output] + impls[1:] + [intermediate]
+    if op_name in BATCH_NORM_OPS and input_node is not None and input_node in default.deps:
+        rebuilt_deps = tuple(sorted((set(default.deps) - {input_node}) | {node}))
+        impls.append(BackwardImpl("output-activated", default.compute_us * (1.0 + BN_REBUILD_TIME_FACTOR),
+                                  default.workspace_bytes + out_bytes, rebuilt_deps, "output-activated"))
     for p in (profile.backward if profile else ()):
         impls.append(BackwardImpl(p.name, default.compute_us * p.time_factor,
                                   int(round(p.workspace_per_output_byte * out_bytes)), default.deps, default.kind))

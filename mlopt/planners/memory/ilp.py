@@ -888,7 +888,7 @@ def schedule_compute_us(problem: MemoryProblem, schedule: Schedule) -> float:
 
 def solve_memory_ilp(problem: MemoryProblem, budget_bytes: int, options: PlannerOptions, joint: bool = True,
                      warm_start: Schedule | None = None, dump_suffix: str = "", *,
-                     window: int | None = None) -> IlpOutcome:
+                     window: int | None = None, start_window: int | None = None) -> IlpOutcome:
     """Solve MONeT's ILP (joint=True) or the checkpoint-only ILP (joint=False) under `budget_bytes`.
 
     The result's objective is the decoded schedule's compute time (4.9), its gap the solver's.
@@ -898,6 +898,7 @@ def solve_memory_ilp(problem: MemoryProblem, budget_bytes: int, options: Planner
     `options.time_limit_s`, solves again with a WINDOW_GROWTH times larger window warm-started from the
     best schedule so far (each larger model contains the smaller one's solutions); the last solve's
     status, bound and gap are returned (a proof of infeasibility also moves on to a larger window).
+    `start_window` replaces DEFAULT_WINDOW as the first window (e.g. the window a warm start came from).
     Without a time limit there is one solve at DEFAULT_WINDOW.
     Windows are capped so that a model stays under about DEFAULT_MAX_ROWS rows.
     """
@@ -905,7 +906,7 @@ def solve_memory_ilp(problem: MemoryProblem, budget_bytes: int, options: Planner
         return _solve_once(problem, budget_bytes, options, joint, warm_start, dump_suffix, window, window is None)
     t0 = time.perf_counter()
     deadline = t0 + options.time_limit_s
-    w = DEFAULT_WINDOW
+    w = DEFAULT_WINDOW if start_window is None else max(1, int(start_window))
     warm = warm_start
     warm_cost = _cost_or_none(problem, warm_start)
     phases: list[dict[str, Any]] = []

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from mlopt.errors import InfeasibleError
@@ -34,6 +34,10 @@ BOUND_SCOPE = ("bound and gap of the reduced ILP (recomputation window, merged s
                "e.g. a baseline's, may be cheaper")
 # Relative tolerance when checking the solver's objective against the replayed compute time.
 OBJECTIVE_RTOL = 1e-6
+# MONeT first solves the checkpoint-only ILP (with the same --time-limit, which is per solve) and starts
+# the joint ILP from that plan, at the window it reached: the joint model contains every checkpoint-only
+# schedule, so the joint plan is never worse than the checkpoint-only plan of the same budget and limit.
+CHECKPOINT_ONLY_START = "checkpoint-only ILP"
 
 
 @dataclass(frozen=True)
@@ -52,6 +56,7 @@ class MemoryResult:
     plan: Plan
     schedule: Schedule
     replay: Any  # ReplayResult of the schedule
+    checkpoint_only: "MemoryResult | None" = None  # monet: the checkpoint-only plan it started from
 
 
 def resolve_budget(problem_peak_store_all: int, options: MemoryOptions) -> int:
@@ -194,12 +199,33 @@ def _plan_ilp(problem: MemoryProblem, options: MemoryOptions, planner_options: P
               inputs: dict[str, Any], reference: Any, budget: int, notes: tuple[str, ...], started: float,
               progress: Callable[[str], None], warm_candidates: tuple[tuple[str, Schedule], ...]) -> MemoryResult:
     from mlopt.planners.memory.ilp import solve_memory_ilp
-    from mlopt.planners.memory.replay import replay
 
     joint = options.algorithm == "monet"
+    first = None
+    if joint:
+        first = _checkpoint_only_first(problem, options, planner_options, inputs, reference, budget, notes,
+                                       progress, warm_candidates)
+        if first is not None:
+            warm_candidates = (*warm_candidates, (CHECKPOINT_ONLY_START, first.schedule))
     warm, warm_name = best_warm_start(problem, budget, joint, warm_candidates)
+    start_window = first.plan.payload["ilp"].get("window") if first and warm_name == CHECKPOINT_ONLY_START else None
     progress(f"{options.algorithm} ILP" + (f", warm start from {warm_name}" if warm else ""))
-    outcome = solve_memory_ilp(problem, budget, _ilp_options(planner_options), joint=joint, warm_start=warm)
+    outcome = solve_memory_ilp(problem, budget, _ilp_options(planner_options), joint=joint, warm_start=warm,
+                               start_window=start_window)
+    if first is not None:
+        outcome.stats["checkpoint_only_plan"] = {"status": first.plan.status.value, "objective": first.plan.objective,
+                                                 "window": first.plan.payload["ilp"].get("window")}
+    result = _joint_or_single(problem, options, planner_options, inputs, reference, budget, notes, started, outcome,
+                              warm, warm_name)
+    return replace(result, checkpoint_only=first)
+
+
+def _joint_or_single(problem: MemoryProblem, options: MemoryOptions, planner_options: PlannerOptions,
+                     inputs: dict[str, Any], reference: Any, budget: int, notes: tuple[str, ...], started: float,
+                     outcome: Any, warm: Schedule | None, warm_name: str) -> MemoryResult:
+    """The plan of one ILP outcome: its schedule, or its warm start when that is cheaper."""
+    from mlopt.planners.memory.replay import replay
+
     solved = replay(problem, outcome.schedule) if outcome.schedule is not None else None
     started_from = replay(problem, warm) if warm is not None else None
     if started_from is not None and (solved is None or started_from.compute_us < solved.compute_us * (1 - 1e-9)):
@@ -220,6 +246,20 @@ def _plan_ilp(problem: MemoryProblem, options: MemoryOptions, planner_options: P
     if plan.status not in (PlanStatus.OPTIMAL, PlanStatus.FEASIBLE):
         raise AssertionError(f"solver returned a schedule with status {plan.status.value}")
     return MemoryResult(plan, outcome.schedule, solved)
+
+
+def _checkpoint_only_first(problem: MemoryProblem, options: MemoryOptions, planner_options: PlannerOptions,
+                           inputs: dict[str, Any], reference: Any, budget: int, notes: tuple[str, ...],
+                           progress: Callable[[str], None],
+                           warm_candidates: tuple[tuple[str, Schedule], ...]) -> MemoryResult | None:
+    """The checkpoint-only plan of this budget (what --algorithm checkpoint-only writes), or None if it
+    finds none: MONeT's first solve."""
+    progress("checkpoint-only ILP (the joint ILP starts from its plan)")
+    try:
+        return _plan_ilp(problem, replace(options, algorithm="checkpoint-only"), planner_options, inputs, reference,
+                         budget, notes, time.perf_counter(), progress, warm_candidates)
+    except InfeasibleError:
+        return None
 
 
 def _warm_start_plan(problem, options, planner_options, inputs, reference, budget, notes, started, outcome,
