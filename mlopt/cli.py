@@ -462,6 +462,54 @@ def _simulate_memory(files: tuple[str, ...], model_path: str | None, plot_path: 
 
 
 # ---------------------------------------------------------------------------------------------------------
+# run-collective
+
+
+@cli.command("run-collective")
+@click.argument("xml_path", metavar="ALGO.XML")
+@click.option("--ranks", type=click.IntRange(min=1), default=None,
+              help="Ranks (threads) to run; must equal the program's ngpus (the default).")
+@click.option("--size", "size_text", required=True,
+              help="The larger buffer per rank, nccl-tests' convention: output for allgather and alltoall, the "
+                   "buffer for allreduce, input for reducescatter. E.g. 64MiB.")
+@click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16", "int32"]), default="float32",
+              show_default=True)
+@click.option("--op", type=click.Choice(["sum", "prod", "max", "min"]), default="sum", show_default=True,
+              help="Reduction (reducescatter, allreduce, reduce).")
+@click.option("--in-place", is_flag=True, help="One buffer per rank (the program must declare inplace=\"1\").")
+@click.option("--iterations", type=click.IntRange(min=1), default=5, show_default=True,
+              help="Timed runs after one warm-up run; times are averaged.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random input data.")
+@click.option("--chunk-bytes", "chunk_text", default=None,
+              help="Most bytes of a chunk one loop iteration moves (the executor's slice), e.g. 1MiB; "
+                   "default: the whole chunk.")
+@click.option("--fifo-slots", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Messages in flight per connection (0: unbounded).")
+@click.option("--threads", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Worker threads of the CPU backend (0: one per hardware thread).")
+@click.option("--watchdog-ms", type=click.IntRange(min=1), default=10000, show_default=True,
+              help="No progress for this long is reported as a deadlock.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def run_collective_cmd(xml_path: str, ranks, size_text, dtype, op, in_place, iterations, seed, chunk_text, fifo_slots,
+                       threads, watchdog_ms, as_json: bool) -> None:
+    """Run an MSCCL-EF algorithm on the CPU runtime, check every rank's output against the collective computed
+    directly, and report GB/s. Exit 1 when an output is wrong, 2 for bad input."""
+    from mlopt.formats.sizes import parse_size
+    from mlopt.runtime.run_collective import RunCollectiveOptions, raise_for_mismatch, run_collective
+
+    options = RunCollectiveOptions(
+        size_bytes=parse_size(size_text), ranks=ranks, dtype=dtype, op=op, in_place=in_place, iterations=iterations,
+        seed=seed, chunk_bytes=parse_size(chunk_text, "--chunk-bytes") if chunk_text else 0, fifo_slots=fifo_slots,
+        threads=threads, watchdog_ms=watchdog_ms)
+    report = run_collective(xml_path, options)
+    if as_json:
+        _print_json(report.to_dict())
+    else:
+        click.echo(report.summary())
+    raise_for_mismatch(report)
+
+
+# ---------------------------------------------------------------------------------------------------------
 # solvers
 
 

@@ -24,7 +24,7 @@ from mlopt.formats.io import read_document, sha256_file, write_json
 class PlanStatus(str, enum.Enum):
     OPTIMAL = "optimal"  # the solver proved optimality within the requested gap
     FEASIBLE = "feasible"  # a solution with a gap (time limit or gap tolerance reached)
-    HEURISTIC = "heuristic"  # made without a solver (baselines); no bound
+    HEURISTIC = "heuristic"  # not from a solver (baselines; or a start an ILP could not beat: its bound, if any)
     INFEASIBLE = "infeasible"
     TIME_LIMIT_NO_SOLUTION = "time-limit-no-solution"
     ERROR = "error"

@@ -274,7 +274,10 @@ def _warm_start_plan(problem, options, planner_options, inputs, reference, budge
     note = (f"the {options.algorithm} ILP ({result.status.value}) did not improve on its warm start "
             f"{warm_name}; the plan is that schedule")
     provenance = Provenance(input_hashes(inputs), result.solver, result.solver_version, planner_options.to_dict())
-    plan = Plan("memory", PlanStatus.HEURISTIC, replayed.compute_us, None, None, time.perf_counter() - started,
+    # The reduced ILP's bound still bounds what that model could find (bound_scope); its gap to this plan:
+    bound = result.best_bound if result.best_bound is not None and math.isfinite(result.best_bound) else None
+    gap = None if bound is None else max(0.0, replayed.compute_us - bound) / max(replayed.compute_us, 1e-9)
+    plan = Plan("memory", PlanStatus.HEURISTIC, replayed.compute_us, bound, gap, time.perf_counter() - started,
                 payload, provenance, (*notes, note))
     return MemoryResult(plan, warm, replayed)
 

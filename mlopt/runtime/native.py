@@ -1,0 +1,576 @@
+"""ctypes binding of the mlopt runtime library (runtime/include/mlopt/mlopt.h, libmlopt_runtime.so).
+
+Where the library comes from, first match wins:
+
+1. the environment variable MLOPT_RUNTIME_LIB (a path to the .so: a cmake build of runtime/, a sanitizer build);
+2. mlopt/runtime/_lib/libmlopt_runtime.so, which `pip install -e .` / `pip install .` build with cmake.
+
+Without either, every entry point raises RuntimeLibraryNotFound saying how to build it. The library is
+checked once per path: its major version must equal the one this binding was written for.
+
+    plan = Plan.load("ring.xml")                    # RuntimeLibraryError(status, message, line, ...) on bad files
+    with LocalComm(plan.program_info["ngpus"]) as comm:
+        outputs, stats = comm.run(plan, inputs)     # inputs: one numpy array / CPU torch tensor per rank
+
+Buffers follow the executor's layout (mlopt/sim/symbolic.py, "Chunks per rank" and "In place"): every rank's
+input has `count` elements, every output `plan.output_count(count)`; `in_place=True` gives each rank one buffer
+holding both, the input copied into its window before the run and the outputs returned as views of theirs.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import weakref
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple, Sequence
+
+from mlopt.errors import MloptError
+
+LIBRARY_ENV = "MLOPT_RUNTIME_LIB"
+LIBRARY_NAME = "libmlopt_runtime.so"
+BUNDLED_LIBRARY = Path(__file__).resolve().parent / "_lib" / LIBRARY_NAME
+BUILD_ERROR_NOTE = BUNDLED_LIBRARY.parent / "build-error.txt"  # written by setup.py when cmake failed
+
+# The C ABI version this binding declares (MLOPT_VERSION_MAJOR in mlopt.h): a library of another major
+# version may have other struct layouts or signatures, so calling it could corrupt memory.
+EXPECTED_VERSION_MAJOR = 0
+
+STATUS_NAMES = {
+    0: "MLOPT_OK",
+    1: "MLOPT_ERR_INVALID_ARGUMENT",
+    2: "MLOPT_ERR_IO",
+    3: "MLOPT_ERR_PARSE",
+    4: "MLOPT_ERR_SCHEMA",
+    5: "MLOPT_ERR_SEMANTIC",
+    6: "MLOPT_ERR_MISMATCH",
+    7: "MLOPT_ERR_DEADLOCK",
+    8: "MLOPT_ERR_UNSUPPORTED",
+    9: "MLOPT_ERR_NO_MEMORY",
+    10: "MLOPT_ERR_INTERNAL",
+}
+# Statuses caused by what the user handed in (a file, a size, a dtype): the CLI's exit code 2. A deadlock,
+# running out of memory or an internal error is a failure of the run itself: exit code 1.
+INPUT_STATUSES = frozenset({"MLOPT_ERR_INVALID_ARGUMENT", "MLOPT_ERR_IO", "MLOPT_ERR_PARSE", "MLOPT_ERR_SCHEMA",
+                            "MLOPT_ERR_SEMANTIC", "MLOPT_ERR_MISMATCH", "MLOPT_ERR_UNSUPPORTED"})
+
+PLAN_KINDS = {1: "msccl-xml", 2: "json"}
+DTYPES = {"float32": 0, "float16": 1, "bfloat16": 2, "int32": 3}
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "int32": 4}
+OPS = {"sum": 0, "prod": 1, "max": 2, "min": 3}
+BACKEND_CPU = 0
+
+
+# ------------------------------------------------------------------------------------------------ errors
+
+
+class RuntimeLibraryError(MloptError):
+    """A failure reported by the library through an mlopt_error: its status and one-line message (naming the
+    file and the field), and where in the input when the library knows (line/column 1-based, 0 = unknown;
+    offset in bytes, -1 = unknown)."""
+
+    def __init__(self, status: int, message: str, line: int = 0, column: int = 0, offset: int = -1,
+                 status_text: str = ""):
+        self.status = status
+        self.status_name = STATUS_NAMES.get(status, f"MLOPT_STATUS_{status}")
+        self.status_text = status_text
+        self.message = message
+        self.line = line
+        self.column = column
+        self.offset = offset
+        self.exit_code = 2 if self.status_name in INPUT_STATUSES else 1
+        super().__init__(message)
+
+
+class RuntimeLibraryNotFound(MloptError):
+    """No libmlopt_runtime.so to load, or one this binding cannot use (wrong version, missing symbols)."""
+
+    exit_code = 1
+
+
+# ------------------------------------------------------------------------------------------------ structs
+
+
+class _ProgramInfo(ctypes.Structure):
+    _fields_ = [
+        ("name", ctypes.c_char_p), ("coll", ctypes.c_char_p), ("proto", ctypes.c_char_p),
+        ("ngpus", ctypes.c_int32), ("nchannels", ctypes.c_int32), ("nchunksperloop", ctypes.c_int32),
+        ("inplace", ctypes.c_int32), ("outofplace", ctypes.c_int32),
+        ("min_bytes", ctypes.c_int64), ("max_bytes", ctypes.c_int64),
+        ("threadblocks", ctypes.c_int32), ("steps", ctypes.c_int64),
+        ("i_chunks", ctypes.c_int32), ("o_chunks", ctypes.c_int32), ("s_chunks", ctypes.c_int32),
+    ]
+
+
+class _RunOptions(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t), ("backend", ctypes.c_int), ("watchdog_ms", ctypes.c_int32),
+        ("fifo_slots", ctypes.c_int32), ("chunk_bytes", ctypes.c_int64), ("threads", ctypes.c_int32),
+    ]
+
+
+class _RunStats(ctypes.Structure):
+    _fields_ = [
+        ("steps_executed", ctypes.c_int64), ("messages", ctypes.c_int64), ("bytes_moved", ctypes.c_int64),
+        ("loop_iterations", ctypes.c_int64), ("wall_us", ctypes.c_double),
+    ]
+
+
+_handle = ctypes.c_void_p
+_status = ctypes.c_int  # C enums are ints
+_out_handle = ctypes.POINTER(ctypes.c_void_p)
+
+# name -> (restype, argtypes): every function of mlopt.h.
+_PROTOTYPES: dict[str, tuple[Any, list[Any]]] = {
+    "mlopt_status_string": (ctypes.c_char_p, [_status]),
+    "mlopt_version": (None, [ctypes.POINTER(ctypes.c_int)] * 3),
+    "mlopt_error_status": (_status, [_handle]),
+    "mlopt_error_message": (ctypes.c_char_p, [_handle]),
+    "mlopt_error_line": (ctypes.c_int64, [_handle]),
+    "mlopt_error_column": (ctypes.c_int64, [_handle]),
+    "mlopt_error_offset": (ctypes.c_int64, [_handle]),
+    "mlopt_error_free": (None, [_handle]),
+    "mlopt_plan_load": (_status, [ctypes.c_char_p, _out_handle, _out_handle]),
+    "mlopt_plan_load_memory": (_status, [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p, _out_handle, _out_handle]),
+    "mlopt_plan_free": (None, [_handle]),
+    "mlopt_plan_get_kind": (ctypes.c_int, [_handle]),
+    "mlopt_plan_format": (ctypes.c_char_p, [_handle]),
+    "mlopt_plan_schema_version": (ctypes.c_char_p, [_handle]),
+    "mlopt_plan_planner": (ctypes.c_char_p, [_handle]),
+    "mlopt_plan_program_info": (_status, [_handle, ctypes.POINTER(_ProgramInfo), _out_handle]),
+    "mlopt_comm_create_local": (_status, [ctypes.c_int32, _out_handle, _out_handle]),
+    "mlopt_comm_free": (None, [_handle]),
+    "mlopt_comm_size": (ctypes.c_int32, [_handle]),
+    "mlopt_run_options_init": (None, [ctypes.POINTER(_RunOptions)]),
+    "mlopt_output_count": (_status, [_handle, ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t), _out_handle]),
+    "mlopt_comm_run": (_status, [_handle, _handle, ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_void_p),
+                                 ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.POINTER(_RunOptions),
+                                 _out_handle]),
+    "mlopt_comm_last_stats": (_status, [_handle, ctypes.POINTER(_RunStats)]),
+}
+
+
+# ------------------------------------------------------------------------------------------------ loading
+
+
+def library_path() -> Path:
+    """The library to load (see the module docstring); RuntimeLibraryNotFound saying how to build one."""
+    override = os.environ.get(LIBRARY_ENV)
+    if override:
+        path = Path(override)
+        if not path.is_file():
+            raise RuntimeLibraryNotFound(f"{LIBRARY_ENV}={override}: no such file")
+        return path
+    if BUNDLED_LIBRARY.is_file():
+        return BUNDLED_LIBRARY
+    why = ""
+    if BUILD_ERROR_NOTE.is_file():
+        summary = (BUILD_ERROR_NOTE.read_text().strip().splitlines() or ["unknown reason"])[0]
+        why = f" (the last build failed: {summary}; details in {BUILD_ERROR_NOTE})"
+    raise RuntimeLibraryNotFound(
+        f"the mlopt runtime library is not built{why}: run `pip install -e .` in the mlopt checkout (needs cmake "
+        f"and a C++17 compiler), or `cmake -S runtime -B runtime/build && cmake --build runtime/build` and "
+        f"set {LIBRARY_ENV}=runtime/build/{LIBRARY_NAME}")
+
+
+def library():
+    """The loaded, version-checked library (ctypes.CDLL with every prototype of mlopt.h declared)."""
+    return _open_library(str(library_path()))
+
+
+# Cached per path on purpose: declaring the prototypes and checking the version once per library file is
+# enough (dlopen would hand back the same handle anyway), and keying on the path still honours a changed
+# MLOPT_RUNTIME_LIB. The cache is the only process-wide state of this module, and it only ever grows.
+@functools.lru_cache(maxsize=None)
+def _open_library(path: str):
+    try:
+        lib = ctypes.CDLL(path)  # CDLL, not PyDLL: the GIL is released while a collective runs
+    except OSError as exc:
+        raise RuntimeLibraryNotFound(f"{path}: cannot be loaded: {exc}") from None
+    missing = [name for name in _PROTOTYPES if not hasattr(lib, name)]
+    if missing:
+        raise RuntimeLibraryNotFound(f"{path}: not an mlopt runtime library of this version (missing "
+                                     f"{', '.join(missing[:4])}{' ...' if len(missing) > 4 else ''}); rebuild it")
+    for name, (restype, argtypes) in _PROTOTYPES.items():
+        function = getattr(lib, name)
+        function.restype = restype
+        function.argtypes = argtypes
+    problem = version_problem(_version_of(lib), EXPECTED_VERSION_MAJOR)
+    if problem:
+        raise RuntimeLibraryNotFound(f"{path}: {problem}")
+    return lib
+
+
+def _version_of(lib) -> tuple[int, int, int]:
+    major, minor, patch = ctypes.c_int(-1), ctypes.c_int(-1), ctypes.c_int(-1)
+    lib.mlopt_version(ctypes.byref(major), ctypes.byref(minor), ctypes.byref(patch))
+    return major.value, minor.value, patch.value
+
+
+def version_problem(found: tuple[int, int, int], expected_major: int) -> str | None:
+    """Why a library of version `found` cannot be used by this binding, or None when it can."""
+    if found[0] != expected_major:
+        return (f"library version {'.'.join(map(str, found))} does not match the binding (major version "
+                f"{expected_major}); rebuild the library from this checkout (`pip install -e .`)")
+    return None
+
+
+def version() -> tuple[int, int, int]:
+    """(major, minor, patch) of the loaded library."""
+    return _version_of(library())
+
+
+def _text(value: bytes | None) -> str:
+    return value.decode("utf-8", "replace") if value is not None else ""
+
+
+def _raise_for(lib, status: int, err: ctypes.c_void_p) -> None:
+    """Turns a failed call's status and mlopt_error into RuntimeLibraryError, freeing the error."""
+    if status == 0:
+        return
+    status_text = _text(lib.mlopt_status_string(status))
+    if not err.value:  # the library could not even allocate the error: the status alone says what happened
+        raise RuntimeLibraryError(status, status_text, status_text=status_text)
+    try:
+        exc = RuntimeLibraryError(
+            lib.mlopt_error_status(err), _text(lib.mlopt_error_message(err)), lib.mlopt_error_line(err),
+            lib.mlopt_error_column(err), lib.mlopt_error_offset(err), status_text)
+    finally:
+        lib.mlopt_error_free(err)
+    raise exc
+
+
+# ------------------------------------------------------------------------------------------------ plans
+
+
+class Plan:
+    """A loaded and validated plan file: an MSCCL-EF XML program (runnable) or an mlopt JSON plan envelope."""
+
+    def __init__(self, lib, handle: int, source: str):
+        self._lib = lib
+        self._handle = ctypes.c_void_p(handle)
+        self.source = source
+        # Frees the C plan when the Python object goes, even without close(): plans are cheap to forget.
+        self._finalizer = weakref.finalize(self, lib.mlopt_plan_free, self._handle)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "Plan":
+        lib = library()
+        handle, err = ctypes.c_void_p(), ctypes.c_void_p()
+        _raise_for(lib, lib.mlopt_plan_load(os.fsencode(path), ctypes.byref(handle), ctypes.byref(err)), err)
+        return cls(lib, handle.value, str(path))
+
+    @classmethod
+    def from_bytes(cls, data: bytes | str, name: str | None = None) -> "Plan":
+        lib = library()
+        raw = data.encode("utf-8") if isinstance(data, str) else bytes(data)
+        handle, err = ctypes.c_void_p(), ctypes.c_void_p()
+        status = lib.mlopt_plan_load_memory(raw, len(raw), name.encode("utf-8") if name else None,
+                                            ctypes.byref(handle), ctypes.byref(err))
+        _raise_for(lib, status, err)
+        return cls(lib, handle.value, name or "<memory>")
+
+    def close(self) -> None:
+        self._finalizer()
+
+    def __enter__(self) -> "Plan":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    @property
+    def handle(self) -> ctypes.c_void_p:
+        if not self._finalizer.alive:
+            raise ValueError(f"plan {self.source} is closed")
+        return self._handle
+
+    @property
+    def kind(self) -> str:
+        """"msccl-xml" (runnable) or "json"."""
+        code = self._lib.mlopt_plan_get_kind(self.handle)
+        return PLAN_KINDS.get(code, f"unknown({code})")
+
+    @property
+    def format(self) -> str:
+        return _text(self._lib.mlopt_plan_format(self.handle))
+
+    @property
+    def schema_version(self) -> str:
+        return _text(self._lib.mlopt_plan_schema_version(self.handle))
+
+    @property
+    def planner(self) -> str:
+        return _text(self._lib.mlopt_plan_planner(self.handle))
+
+    @property
+    def program_info(self) -> dict[str, Any]:
+        """The MSCCL-EF program's summary (mlopt_program_info as a dict); RuntimeLibraryError for JSON plans."""
+        info, err = _ProgramInfo(), ctypes.c_void_p()
+        status = self._lib.mlopt_plan_program_info(self.handle, ctypes.byref(info), ctypes.byref(err))
+        _raise_for(self._lib, status, err)
+        out = {name: getattr(info, name) for name, _ in _ProgramInfo._fields_}
+        for name in ("name", "coll", "proto"):
+            out[name] = _text(out[name])
+        for name in ("inplace", "outofplace"):
+            out[name] = bool(out[name])
+        return out
+
+    def output_count(self, count: int) -> int:
+        """Elements of each rank's output buffer for `count` input elements per rank."""
+        out, err = ctypes.c_size_t(), ctypes.c_void_p()
+        status = self._lib.mlopt_output_count(self.handle, count, ctypes.byref(out), ctypes.byref(err))
+        _raise_for(self._lib, status, err)
+        return out.value
+
+    def __repr__(self) -> str:
+        state = f"kind={self.kind!r}" if self._finalizer.alive else "closed"
+        return f"Plan({self.source!r}, {state})"
+
+
+# ------------------------------------------------------------------------------------------------ buffers
+
+
+@dataclass(frozen=True)
+class RunStats:
+    """Counters of one run (mlopt_run_stats)."""
+
+    steps_executed: int  # over all ranks, threadblocks and loop iterations
+    messages: int
+    bytes_moved: int
+    loop_iterations: int
+    wall_us: float
+
+    @property
+    def per_step_us(self) -> float:
+        return self.wall_us / self.steps_executed if self.steps_executed else 0.0
+
+
+class RunResult(NamedTuple):
+    outputs: list  # one array/tensor per rank, of the type the inputs were
+    stats: RunStats
+
+
+@dataclass(frozen=True)
+class _Buffer:
+    """What the library needs of one array: its address and element count; dtype as mlopt names it."""
+
+    address: int
+    numel: int
+    dtype: str | None  # None: raw 16-bit numpy (bfloat16 bits), needs an explicit dtype
+    writable: bool
+    is_torch: bool
+
+
+_NUMPY_DTYPES = {"float32": "float32", "float16": "float16", "int32": "int32"}
+_TORCH_DTYPES = {"torch.float32": "float32", "torch.float16": "float16", "torch.bfloat16": "bfloat16",
+                 "torch.int32": "int32"}
+
+
+def _is_torch(value: Any) -> bool:
+    return type(value).__module__.startswith("torch") and hasattr(value, "data_ptr")
+
+
+def _describe(value: Any, what: str) -> _Buffer:
+    """Address, size and dtype of a numpy array or CPU torch tensor; ValueError for anything else."""
+    if _is_torch(value):
+        if value.device.type != "cpu":
+            raise ValueError(f"{what}: tensor on {value.device}; the CPU backend needs CPU tensors")
+        if not value.is_contiguous():
+            raise ValueError(f"{what}: tensor is not contiguous (call .contiguous())")
+        dtype = _TORCH_DTYPES.get(str(value.dtype))
+        if dtype is None:
+            raise ValueError(f"{what}: dtype {value.dtype} is not one of {', '.join(DTYPES)}")
+        return _Buffer(value.data_ptr(), value.numel(), dtype, True, True)
+    import numpy as np
+
+    if not isinstance(value, np.ndarray):
+        raise ValueError(f"{what}: expected a numpy array or a CPU torch tensor, got {type(value).__name__}")
+    if not value.flags.c_contiguous:
+        raise ValueError(f"{what}: array is not C-contiguous (use numpy.ascontiguousarray)")
+    if not value.dtype.isnative:
+        raise ValueError(f"{what}: byte-swapped arrays are not supported (convert with .astype(dtype.newbyteorder('=')))")
+    dtype = _NUMPY_DTYPES.get(value.dtype.name)
+    if dtype is None and value.dtype != np.uint16:
+        raise ValueError(f"{what}: dtype {value.dtype} is not float32, float16 or int32 (bfloat16: a torch "
+                         f"tensor, or numpy uint16 bits with dtype='bfloat16')")
+    return _Buffer(value.ctypes.data, value.size, dtype, value.flags.writeable, False)
+
+
+def _resolve_dtype(buffers: Sequence[_Buffer], requested: str | None) -> str:
+    """The one dtype of every buffer, checked against the requested one."""
+    if requested is not None and requested not in DTYPES:
+        raise ValueError(f"dtype {requested!r} is not one of {', '.join(DTYPES)}")
+    found = {b.dtype for b in buffers}
+    if found == {None}:  # only raw uint16 numpy arrays
+        if requested != "bfloat16":
+            raise ValueError("uint16 arrays are only accepted as bfloat16 bits: pass dtype='bfloat16'")
+        return requested
+    if len(found) != 1:
+        raise ValueError(f"buffers of different dtypes: {', '.join(sorted(map(str, found)))}")
+    (dtype,) = found
+    if requested is not None and requested != dtype:
+        raise ValueError(f"dtype={requested!r} but the buffers are {dtype}")
+    return dtype
+
+
+def _empty_like(template: Any, numel: int) -> Any:
+    """A new contiguous 1-D buffer of `numel` elements of the template's type, dtype and device."""
+    if _is_torch(template):
+        import torch
+
+        return torch.empty(numel, dtype=template.dtype, device=template.device)
+    import numpy as np
+
+    return np.empty(numel, dtype=template.dtype)
+
+
+def _flat(value: Any) -> Any:
+    return value.reshape(-1)
+
+
+def in_place_windows(coll: str, rank: int, count: int, out_count: int) -> tuple[int, int, int]:
+    """(buffer elements, input offset, output offset) of one rank's single buffer when running in place
+    (mlopt/sim/symbolic.py, "In place"): allgather's input is the output's window [r count, (r+1) count),
+    reducescatter's output is the input's window [r out_count, (r+1) out_count), the others share it all."""
+    if coll == "allgather":
+        return out_count, rank * count, 0
+    if coll == "reducescatter":
+        return count, 0, rank * out_count
+    return max(count, out_count), 0, 0
+
+
+# ------------------------------------------------------------------------------------------------ communicator
+
+
+class LocalComm:
+    """An in-process communicator of `nranks` ranks (threads of this process sharing memory)."""
+
+    def __init__(self, nranks: int):
+        lib = library()
+        handle, err = ctypes.c_void_p(), ctypes.c_void_p()
+        _raise_for(lib, lib.mlopt_comm_create_local(int(nranks), ctypes.byref(handle), ctypes.byref(err)), err)
+        self._lib = lib
+        self._handle = handle
+        self._finalizer = weakref.finalize(self, lib.mlopt_comm_free, handle)
+
+    def close(self) -> None:
+        self._finalizer()
+
+    def __enter__(self) -> "LocalComm":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    @property
+    def handle(self) -> ctypes.c_void_p:
+        if not self._finalizer.alive:
+            raise ValueError("communicator is closed")
+        return self._handle
+
+    @property
+    def size(self) -> int:
+        return self._lib.mlopt_comm_size(self.handle)
+
+    def last_stats(self) -> RunStats:
+        stats = _RunStats()
+        status = self._lib.mlopt_comm_last_stats(self.handle, ctypes.byref(stats))
+        if status != 0:
+            raise RuntimeLibraryError(status, f"mlopt_comm_last_stats: {_text(self._lib.mlopt_status_string(status))}")
+        return RunStats(stats.steps_executed, stats.messages, stats.bytes_moved, stats.loop_iterations, stats.wall_us)
+
+    def run(self, plan: Plan, inputs: Sequence[Any], outputs: Sequence[Any] | None = None, dtype: str | None = None,
+            op: str = "sum", in_place: bool = False, chunk_bytes: int = 0, fifo_slots: int = 0,
+            watchdog_ms: int = 0, threads: int = 0) -> RunResult:
+        """Runs `plan` on every rank: inputs[r] is rank r's input (count elements each, any shape, contiguous).
+
+        Out of place, outputs[r] (plan.output_count(count) elements each) are allocated when not given. In
+        place, each rank has one buffer (outputs[r] when given, allocated otherwise) of
+        in_place_windows(...)[0] elements: inputs[r] is copied into its input window before the run (skipped
+        when it already is that memory) and the returned outputs are views of the output windows.
+        chunk_bytes, fifo_slots, watchdog_ms, threads: mlopt_run_options (0 = the library's default).
+        """
+        if op not in OPS:
+            raise ValueError(f"op {op!r} is not one of {', '.join(OPS)}")
+        nranks = self.size
+        if len(inputs) != nranks:
+            raise ValueError(f"{len(inputs)} input buffers for a communicator of {nranks} ranks")
+        if outputs is not None and len(outputs) != nranks:
+            raise ValueError(f"{len(outputs)} output buffers for a communicator of {nranks} ranks")
+        in_buffers = [_describe(x, f"inputs[{r}]") for r, x in enumerate(inputs)]
+        kind = _resolve_dtype(in_buffers, dtype)
+        count = in_buffers[0].numel
+        if any(b.numel != count for b in in_buffers):
+            raise ValueError(f"input buffers differ in size: {[b.numel for b in in_buffers]} elements")
+        out_count = plan.output_count(count)  # also checks count against the program's chunks
+        if in_place:
+            buffers, input_addresses, output_addresses, results = self._in_place_buffers(
+                plan, inputs, outputs, kind, count, out_count)
+        else:
+            buffers = self._out_of_place_buffers(inputs, outputs, kind, out_count)
+            input_addresses = [b.address for b in in_buffers]
+            output_addresses = [_describe(x, "").address for x in buffers]
+            results = list(buffers)
+        options = _RunOptions()
+        self._lib.mlopt_run_options_init(ctypes.byref(options))
+        options.struct_size = ctypes.sizeof(_RunOptions)
+        options.backend = BACKEND_CPU
+        options.watchdog_ms, options.fifo_slots = int(watchdog_ms), int(fifo_slots)
+        options.chunk_bytes, options.threads = int(chunk_bytes), int(threads)
+        input_array = (ctypes.c_void_p * nranks)(*input_addresses)
+        output_array = (ctypes.c_void_p * nranks)(*output_addresses)
+        err = ctypes.c_void_p()
+        status = self._lib.mlopt_comm_run(self.handle, plan.handle, input_array, output_array, count, DTYPES[kind],
+                                          OPS[op], ctypes.byref(options), ctypes.byref(err))
+        _raise_for(self._lib, status, err)
+        del buffers  # kept alive until the library returned; the results hold what the caller needs
+        return RunResult(results, self.last_stats())
+
+    @staticmethod
+    def _out_of_place_buffers(inputs: Sequence[Any], outputs: Sequence[Any] | None, kind: str,
+                              out_count: int) -> list[Any]:
+        if outputs is None:
+            return [_empty_like(inputs[r], out_count) for r in range(len(inputs))]
+        out_buffers = [_describe(x, f"outputs[{r}]") for r, x in enumerate(outputs)]
+        if _resolve_dtype(out_buffers, kind) != kind:
+            raise ValueError("outputs and inputs differ in dtype")
+        for r, b in enumerate(out_buffers):
+            # The library cannot see buffer sizes: a short output would be written past its end.
+            if b.numel != out_count:
+                raise ValueError(f"outputs[{r}] has {b.numel} elements; the program writes {out_count}")
+            if not b.writable:
+                raise ValueError(f"outputs[{r}] is read-only")
+        return list(outputs)
+
+    def _in_place_buffers(self, plan: Plan, inputs: Sequence[Any], outputs: Sequence[Any] | None, kind: str,
+                          count: int, out_count: int):
+        info = plan.program_info
+        coll = info["coll"]
+        if not info["inplace"]:
+            raise ValueError(f"{plan.source}: the program does not declare inplace=\"1\"; run it out of place")
+        buffers, input_addresses, output_addresses, results = [], [], [], []
+        for rank, source in enumerate(inputs):
+            total, input_at, output_at = in_place_windows(coll, rank, count, out_count)
+            if outputs is None:
+                buffer = _empty_like(source, total)
+            else:
+                buffer = outputs[rank]
+                described = _describe(buffer, f"outputs[{rank}]")
+                same_dtype = described.dtype == kind or (described.dtype is None and kind == "bfloat16")
+                if described.numel != total or not same_dtype or not described.writable:
+                    raise ValueError(f"outputs[{rank}]: in place, each rank's buffer is {total} writable {kind} "
+                                     f"elements (got {described.numel} {described.dtype})")
+            flat = _flat(buffer)
+            window = flat[input_at:input_at + count]
+            if _describe(window, "").address != _describe(source, "").address:
+                window[...] = _flat(source)
+            elem = DTYPE_BYTES[kind]
+            base = _describe(buffer, "").address
+            buffers.append(buffer)
+            input_addresses.append(base + input_at * elem)
+            output_addresses.append(base + output_at * elem)
+            results.append(flat[output_at:output_at + out_count])
+        return buffers, input_addresses, output_addresses, results

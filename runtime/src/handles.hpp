@@ -1,0 +1,43 @@
+// The structs behind the C ABI's opaque handles, and the error helper every entry point uses.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "mlopt/mlopt.h"
+#include "program.hpp"
+
+struct mlopt_error_s {
+    mlopt_status status = MLOPT_OK;
+    std::string message;  // one line: "<file>: <location>: <what>"
+    int64_t line = 0;
+    int64_t column = 0;
+    int64_t offset = -1;
+};
+
+struct mlopt_plan_s {
+    mlopt_plan_kind kind = MLOPT_PLAN_MSCCL_XML;
+    std::string source;  // file name used in messages
+    std::string format;  // JSON "format"; "msccl-ef" for XML
+    std::string schema_version;
+    std::string planner;  // JSON "kind"; "collective" for XML
+    std::string text;     // the JSON document as read (JSON plans)
+    mlopt::Program program;  // XML plans: validated program
+};
+
+namespace mlopt {
+
+// Where in an input a problem is; line/column 1-based (0 = unknown), offset in bytes (-1 = unknown).
+struct Position {
+    int64_t line = 0;
+    int64_t column = 0;
+    int64_t offset = -1;
+};
+
+// Sets *err (when err is not NULL) to a new error and returns `status`; never throws.
+mlopt_status fail(mlopt_error* err, mlopt_status status, const std::string& message, Position at = {});
+
+// Clears *err (when err is not NULL) and returns MLOPT_OK.
+mlopt_status succeed(mlopt_error* err);
+
+}  // namespace mlopt
