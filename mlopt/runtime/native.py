@@ -242,18 +242,45 @@ def _raise_for(lib, status: int, err: ctypes.c_void_p) -> None:
     raise exc
 
 
+# ------------------------------------------------------------------------------------------------ handles
+
+
+class _Owned:
+    """A C handle freed by `free` on close(), on leaving a `with`, or when the Python object goes."""
+
+    _what = "handle"
+
+    def __init__(self, lib, handle: ctypes.c_void_p, free):
+        self._lib = lib
+        self._handle = handle
+        self._finalizer = weakref.finalize(self, free, handle)
+
+    def close(self) -> None:
+        self._finalizer()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    @property
+    def handle(self) -> ctypes.c_void_p:
+        if not self._finalizer.alive:
+            raise ValueError(f"{self._what} is closed")
+        return self._handle
+
+
 # ------------------------------------------------------------------------------------------------ plans
 
 
-class Plan:
+class Plan(_Owned):
     """A loaded and validated plan file: an MSCCL-EF XML program (runnable) or an mlopt JSON plan envelope."""
 
     def __init__(self, lib, handle: int, source: str):
-        self._lib = lib
-        self._handle = ctypes.c_void_p(handle)
+        super().__init__(lib, ctypes.c_void_p(handle), lib.mlopt_plan_free)
         self.source = source
-        # Frees the C plan when the Python object goes, even without close(): plans are cheap to forget.
-        self._finalizer = weakref.finalize(self, lib.mlopt_plan_free, self._handle)
+        self._what = f"plan {source}"
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "Plan":
@@ -272,20 +299,6 @@ class Plan:
         _raise_for(lib, status, err)
         return cls(lib, handle.value, name or "<memory>")
 
-    def close(self) -> None:
-        self._finalizer()
-
-    def __enter__(self) -> "Plan":
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self.close()
-
-    @property
-    def handle(self) -> ctypes.c_void_p:
-        if not self._finalizer.alive:
-            raise ValueError(f"plan {self.source} is closed")
-        return self._handle
 
     @property
     def kind(self) -> str:
@@ -445,31 +458,17 @@ def in_place_windows(coll: str, rank: int, count: int, out_count: int) -> tuple[
 # ------------------------------------------------------------------------------------------------ communicator
 
 
-class LocalComm:
+class LocalComm(_Owned):
     """An in-process communicator of `nranks` ranks (threads of this process sharing memory)."""
+
+    _what = "communicator"
 
     def __init__(self, nranks: int):
         lib = library()
         handle, err = ctypes.c_void_p(), ctypes.c_void_p()
         _raise_for(lib, lib.mlopt_comm_create_local(int(nranks), ctypes.byref(handle), ctypes.byref(err)), err)
-        self._lib = lib
-        self._handle = handle
-        self._finalizer = weakref.finalize(self, lib.mlopt_comm_free, handle)
+        super().__init__(lib, handle, lib.mlopt_comm_free)
 
-    def close(self) -> None:
-        self._finalizer()
-
-    def __enter__(self) -> "LocalComm":
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self.close()
-
-    @property
-    def handle(self) -> ctypes.c_void_p:
-        if not self._finalizer.alive:
-            raise ValueError("communicator is closed")
-        return self._handle
 
     @property
     def size(self) -> int:
