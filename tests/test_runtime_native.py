@@ -102,6 +102,9 @@ def run_and_check(path: Path, chunk_elems: int, dtype: str = "float32", op: str 
         from mlopt.sim.symbolic import derive_spec
 
         root = derive_spec(load_program(path)).root
+        assert info["root"] == root, "the library finds the root as mlopt.sim.symbolic does"
+    else:
+        assert info["root"] == -1
     with native.LocalComm(info["ngpus"]) as comm:
         outputs, stats = comm.run(plan, inputs, dtype=dtype, op=op, in_place=in_place, chunk_bytes=chunk_bytes,
                                   fifo_slots=fifo_slots, watchdog_ms=20000)

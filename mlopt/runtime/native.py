@@ -101,6 +101,7 @@ class _ProgramInfo(ctypes.Structure):
         ("min_bytes", ctypes.c_int64), ("max_bytes", ctypes.c_int64),
         ("threadblocks", ctypes.c_int32), ("steps", ctypes.c_int64),
         ("i_chunks", ctypes.c_int32), ("o_chunks", ctypes.c_int32), ("s_chunks", ctypes.c_int32),
+        ("root", ctypes.c_int32),
     ]
 
 

@@ -298,16 +298,10 @@ def check_outputs(outputs: list[np.ndarray], expected: Callable[[int], Expected 
 # ------------------------------------------------------------------------------------------------ running
 
 
-def collective_root(path: str, coll: str) -> int | None:
-    """The root of a broadcast/reduce program as mlopt/sim/symbolic.py defines it (the only rank that never
-    receives / sends, else 0); None for the other collectives. The C ABI does not report it, so the XML is
-    read again with mlopt's own parser."""
-    if coll not in ("broadcast", "reduce"):
-        return None
-    from mlopt.formats.msccl_xml import load_program
-    from mlopt.sim.symbolic import derive_spec
-
-    return derive_spec(load_program(path)).root
+def collective_root(info: dict) -> int | None:
+    """The root of a broadcast/reduce program (mlopt_program_info.root, as mlopt/sim/symbolic.py defines
+    it); None for the other collectives."""
+    return info["root"] if info["root"] >= 0 else None
 
 
 def load_runnable_plan(path: str) -> native.Plan:
@@ -351,7 +345,7 @@ def run_collective(path: str, options: RunCollectiveOptions) -> RunReport:
     info = plan.program_info
     ranks = check_request(path, info, options)
     count, out_count = element_counts(options.size_bytes, options.dtype, info["i_chunks"], info["o_chunks"])
-    root = collective_root(path, info["coll"])
+    root = collective_root(info)
     inputs = random_inputs(ranks, count, options.dtype, options.op, options.seed)
     expected = expected_outputs(info["coll"], inputs, options.dtype, options.op, out_count,
                                 0 if root is None else root)

@@ -286,6 +286,26 @@ mlopt_status require_program(const mlopt_plan_s* plan, const char* function, mlo
 using mlopt::fail;
 using mlopt::guarded;
 
+namespace mlopt {
+
+// The root of a broadcast (the only rank with no receiving step of cnt > 0) or a reduce (no sending step),
+// else 0, as mlopt/sim/symbolic.py `_root` defines it; -1 for collectives without a root.
+int32_t collective_root(const Program& p) {
+    const bool reduce = p.coll == "reduce";
+    if (!reduce && p.coll != "broadcast") return -1;
+    std::vector<int32_t> candidates;
+    for (const auto& gpu : p.gpus) {
+        bool moves = false;
+        for (const auto& tb : gpu.tbs)
+            for (const auto& st : tb.steps)
+                moves = moves || (st.cnt > 0 && (reduce ? step_sends(st.type) : step_receives(st.type)));
+        if (!moves) candidates.push_back(gpu.id);
+    }
+    return candidates.size() == 1 ? candidates.front() : 0;
+}
+
+}  // namespace mlopt
+
 extern "C" {
 
 MLOPT_API mlopt_status mlopt_plan_load(const char* path, mlopt_plan* out, mlopt_error* err) {
@@ -313,7 +333,7 @@ MLOPT_API mlopt_status mlopt_plan_load_memory(const char* data, size_t size, con
 MLOPT_API void mlopt_plan_free(mlopt_plan plan) { delete plan; }
 
 MLOPT_API mlopt_plan_kind mlopt_plan_get_kind(const mlopt_plan_s* plan) {
-    return plan ? plan->kind : static_cast<mlopt_plan_kind>(0);
+    return plan ? plan->kind : MLOPT_PLAN_NONE;
 }
 
 MLOPT_API const char* mlopt_plan_format(const mlopt_plan_s* plan) { return plan ? plan->format.c_str() : ""; }
@@ -349,6 +369,7 @@ MLOPT_API mlopt_status mlopt_plan_program_info(const mlopt_plan_s* plan, mlopt_p
         // validate_program made i_chunks/o_chunks the same on every gpu, and ngpus >= 1.
         info.i_chunks = p.gpus.front().i_chunks;
         info.o_chunks = p.gpus.front().o_chunks;
+        info.root = mlopt::collective_root(p);
         *out = info;
         return mlopt::succeed(err);
     });

@@ -70,6 +70,7 @@ MLOPT_API void mlopt_error_free(mlopt_error err);
 typedef struct mlopt_plan_s* mlopt_plan;
 
 typedef enum mlopt_plan_kind {
+    MLOPT_PLAN_NONE = 0,      /* what mlopt_plan_get_kind returns for a NULL plan */
     MLOPT_PLAN_MSCCL_XML = 1, /* an MSCCL-EF algorithm (executor or legacy dialect), runnable */
     MLOPT_PLAN_JSON = 2       /* an mlopt JSON plan envelope (memory, collective sidecar, threads, ...) */
 } mlopt_plan_kind;
@@ -105,6 +106,8 @@ typedef struct mlopt_program_info {
     int32_t i_chunks;     /* chunks per rank of the input buffer (the same on every gpu) */
     int32_t o_chunks;     /* ... of the output buffer */
     int32_t s_chunks;     /* largest scratch buffer of any gpu, in chunks */
+    int32_t root;         /* broadcast: the only rank that never receives, reduce: the only one that never
+                             sends, else 0 (mlopt/sim/symbolic.py); -1 for the other collectives */
 } mlopt_program_info;
 
 MLOPT_API mlopt_status mlopt_plan_program_info(const struct mlopt_plan_s* plan, mlopt_program_info* out,
