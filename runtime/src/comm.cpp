@@ -166,8 +166,7 @@ mlopt_status check_run(const mlopt_comm_s* comm, const mlopt_plan_s* plan, void*
         return fail(err, MLOPT_ERR_INVALID_ARGUMENT,
                     "op=" + std::to_string(static_cast<int>(op)) + " is not a mlopt_redop");
     }
-    const std::string problem = find_structural_problem(plan->program);
-    if (!problem.empty()) return fail(err, MLOPT_ERR_SEMANTIC, prefixed(*plan, problem));
+    // The plan came through the loader, which validated it (program.hpp): the interpreter may index freely.
     if (plan->program.ngpus != comm->nranks) {
         return fail(err, MLOPT_ERR_MISMATCH,
                     prefixed(*plan, "the program is for ngpus=" + std::to_string(plan->program.ngpus) +

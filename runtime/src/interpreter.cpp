@@ -82,9 +82,6 @@ constexpr auto sends = step_sends;
 constexpr auto reads_src = step_reads_src;
 constexpr auto writes_dst = step_writes_dst;
 
-bool valid_type(StepType t) { return static_cast<uint8_t>(t) <= static_cast<uint8_t>(StepType::nop); }
-bool valid_buffer(Buffer b) { return static_cast<uint8_t>(b) <= static_cast<uint8_t>(Buffer::scratch); }
-
 // Copies of the step's data (into a message and/or a buffer), for the bytes_moved counter.
 int writes_per_chunk(StepType t) {
     switch (t) {
@@ -95,103 +92,12 @@ int writes_per_chunk(StepType t) {
     }
 }
 
-int32_t buffer_chunks(const Gpu& gpu, Buffer b) {
-    switch (b) {
-        case Buffer::input: return gpu.i_chunks;
-        case Buffer::output: return gpu.o_chunks;
-        case Buffer::scratch: return gpu.s_chunks;
-    }
-    return 0;
-}
-
 std::string step_label(int32_t rank, int32_t tb, size_t step, StepType type) {
     return "rank " + std::to_string(rank) + " tb " + std::to_string(tb) + " step " + std::to_string(step) + " (" +
            step_type_name(type) + ")";
 }
 
-std::string check_operand(const Gpu& gpu, const Step& st, bool used, const char* side, Buffer buf, int32_t off) {
-    if (!used) return "";
-    if (!valid_buffer(buf)) return std::string(side) + "buf is not i, o or s";
-    const int64_t size = buffer_chunks(gpu, buf);
-    if (off < 0 || int64_t{off} + st.cnt > size) {
-        return std::string(side) + "off=" + std::to_string(off) + " cnt=" + std::to_string(st.cnt) +
-               " is out of range for buffer " + buffer_name(buf) + " (" + std::to_string(size) + " chunks)";
-    }
-    return "";
-}
-
-std::string check_step(const Gpu& gpu, const Threadblock& tb, size_t index) {
-    const Step& st = tb.steps[index];
-    if (!valid_type(st.type)) return "unknown step type";
-    if (st.cnt < 0) return "cnt=" + std::to_string(st.cnt) + " is negative";
-    std::string problem = check_operand(gpu, st, reads_src(st.type), "src", st.srcbuf, st.srcoff);
-    if (problem.empty()) problem = check_operand(gpu, st, writes_dst(st.type), "dst", st.dstbuf, st.dstoff);
-    if (!problem.empty()) return problem;
-    if (st.cnt > 0 && sends(st.type) && tb.send < 0) return "sends, but the threadblock has no send peer";
-    if (st.cnt > 0 && receives(st.type) && tb.recv < 0) return "receives, but the threadblock has no recv peer";
-    if (st.depid < -1 || st.depid >= static_cast<int32_t>(gpu.tbs.size())) {
-        return "depid=" + std::to_string(st.depid) + " is not a threadblock of rank " + std::to_string(gpu.id);
-    }
-    if (st.depid >= 0) {
-        const auto& target = gpu.tbs[st.depid].steps;
-        if (st.deps < 0 || st.deps >= static_cast<int32_t>(target.size())) {
-            return "deps=" + std::to_string(st.deps) + " is not a step of tb " + std::to_string(st.depid);
-        }
-        if (st.depid == tb.id && st.deps >= static_cast<int32_t>(index)) {
-            return "depends on its own step " + std::to_string(st.deps) + ", which runs later";
-        }
-    }
-    return "";
-}
-
-std::string check_threadblock(const Program& program, const Gpu& gpu, size_t position) {
-    const Threadblock& tb = gpu.tbs[position];
-    const std::string at = "rank " + std::to_string(gpu.id) + " tb " + std::to_string(tb.id) + ": ";
-    if (tb.id != static_cast<int32_t>(position)) {
-        return at + "threadblock ids must be 0.." + std::to_string(gpu.tbs.size() - 1) + " in order";
-    }
-    for (int32_t peer : {tb.send, tb.recv}) {
-        if (peer < -1 || peer >= program.ngpus || peer == gpu.id) {
-            return at + "peer " + std::to_string(peer) + " is not another rank";
-        }
-    }
-    if (tb.chan < 0) return at + "chan=" + std::to_string(tb.chan) + " is negative";
-    for (size_t s = 0; s < tb.steps.size(); ++s) {
-        std::string problem = check_step(gpu, tb, s);
-        if (!problem.empty()) {
-            const StepType type = valid_type(tb.steps[s].type) ? tb.steps[s].type : StepType::nop;
-            return step_label(gpu.id, tb.id, s, type) + ": " + problem;
-        }
-    }
-    return "";
-}
-
 }  // namespace
-
-std::string find_structural_problem(const Program& program) {
-    if (program.ngpus < 1) return "ngpus=" + std::to_string(program.ngpus) + ": the program has no ranks";
-    if (static_cast<int64_t>(program.gpus.size()) != program.ngpus) {
-        return "ngpus=" + std::to_string(program.ngpus) + " but the program has " +
-               std::to_string(program.gpus.size()) + " gpus";
-    }
-    const int32_t i_chunks = program.gpus[0].i_chunks;
-    for (size_t r = 0; r < program.gpus.size(); ++r) {
-        const Gpu& gpu = program.gpus[r];
-        const std::string at = "rank " + std::to_string(r) + ": ";
-        if (gpu.id != static_cast<int32_t>(r)) return at + "gpu ids must be 0..ngpus-1 in order";
-        if (gpu.i_chunks < 1) return at + "i_chunks=" + std::to_string(gpu.i_chunks) + " must be positive";
-        if (gpu.i_chunks != i_chunks) {
-            return at + "i_chunks=" + std::to_string(gpu.i_chunks) + " differs from rank 0's " +
-                   std::to_string(i_chunks) + " (the chunk size is count / i_chunks on every rank)";
-        }
-        if (gpu.o_chunks < 0 || gpu.s_chunks < 0) return at + "o_chunks and s_chunks must not be negative";
-        for (size_t t = 0; t < gpu.tbs.size(); ++t) {
-            std::string problem = check_threadblock(program, gpu, t);
-            if (!problem.empty()) return problem;
-        }
-    }
-    return "";
-}
 
 // ------------------------------------------------------------------------------------------------ engine
 

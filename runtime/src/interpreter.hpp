@@ -80,12 +80,8 @@ struct RunResult {
     mlopt_run_stats stats{};
 };
 
-// Checks what the interpreter relies on to index safely (gpus, peers, offsets within buffers, dependency
-// targets, i_chunks the same on every gpu); the loader's validation implies all of it, hand-built programs
-// may not. Returns "" when the program is runnable, else one line naming gpu/tb/step.
-std::string find_structural_problem(const Program& program);
-
-// Runs `program` once over request.ranks (which must satisfy find_structural_problem and hold
+// Runs `program` once over request.ranks (`program` must have passed validate_program, as every loaded
+// plan has; request.ranks hold
 // i_chunks/o_chunks chunks of request.chunk_elems elements each). Blocks until every threadblock has finished
 // every loop iteration, a message does not match its receiving step (MLOPT_ERR_SEMANTIC), or the program
 // deadlocks (MLOPT_ERR_DEADLOCK). Never throws.

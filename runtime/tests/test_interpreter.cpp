@@ -179,7 +179,8 @@ Program alltoall(int32_t n) {
 
 // Two ranks, local steps ordered only by dependencies: each rank computes s0 = i0 + i1 (tb0 copies, tb1
 // waits behind a nop and reduces), sends s0 to the peer, receives the peer's s0 into s1, then tb3 writes
-// o0 = s0 + s1: the sum of all four input chunks. Also a cnt=0 send (no message) and a trailing nop.
+// o0 = s0 + s1: the sum of all four input chunks. Also a cnt=0 send (no message). The step after the nop
+// repeats its dependency, as the executor requires (it does not store nops).
 Program dependency_program() {
     Program p = new_program("allreduce", 2, 2, 1, 2, false, true);
     for (int32_t r = 0; r < 2; ++r) {
@@ -189,7 +190,7 @@ Program dependency_program() {
         add_step(copier, StepType::cpy, I, 1, S, 1, 1, {-1, -1, true});
         Threadblock& reducer = add_tb(p, r, -1, -1);
         add_step(reducer, StepType::nop, I, 0, O, 0, 0, {0, 1, false});
-        add_step(reducer, StepType::re, S, 1, S, 0, 1, {-1, -1, true});
+        add_step(reducer, StepType::re, S, 1, S, 0, 1, {0, 1, true});
         Threadblock& exchanger = add_tb(p, r, peer, peer);
         add_step(exchanger, StepType::s, S, 0, O, 0, 1, {1, 1, false});
         add_step(exchanger, StepType::s, S, 0, O, 0, 0);  // cnt=0: sends no message
@@ -197,11 +198,12 @@ Program dependency_program() {
         Threadblock& finisher = add_tb(p, r, -1, -1);
         add_step(finisher, StepType::cpy, S, 0, O, 0, 1, {2, 2, false});
         add_step(finisher, StepType::re, S, 1, O, 0);
-        add_step(finisher, StepType::nop, I, 0, O, 0, 0);
     }
     return p;
 }
 
+// A plan as the C ABI hands it out. Not validated: these programs exercise the interpreter, not the collective
+// contracts or the executor's limits the loader enforces; the sanitizer build checks they index safely.
 mlopt_plan_s as_plan(const Program& program) {
     mlopt_plan_s plan;
     plan.kind = MLOPT_PLAN_MSCCL_XML;
@@ -524,9 +526,9 @@ void test_dependencies() {
                                mlopt::dtype_name(dtype), threads, r, e, got, want);
                     }
                 }
-                // 10 steps per rank per iteration; one message per rank (the cnt=0 send sends none).
+                // 9 steps per rank per iteration; one message per rank (the cnt=0 send sends none).
                 const int64_t iterations = out.stats.loop_iterations;
-                EXPECT(out.stats.steps_executed == 20 * iterations, "steps %lld",
+                EXPECT(out.stats.steps_executed == 18 * iterations, "steps %lld",
                        static_cast<long long>(out.stats.steps_executed));
                 EXPECT(out.stats.messages == 2 * iterations, "messages %lld", static_cast<long long>(out.stats.messages));
             }
@@ -727,14 +729,6 @@ void test_argument_errors() {
     Buffers misaligned = make_buffers(p, 16, MLOPT_FLOAT32, false);
     misaligned.inputs[0] = misaligned.in(0) + 2;
     EXPECT(run(plan, misaligned, MLOPT_FLOAT32, MLOPT_SUM, o).status == MLOPT_ERR_INVALID_ARGUMENT, "alignment");
-
-    Program broken = ring_allgather(2);
-    broken.gpus[1].tbs[0].steps[2].dstoff = 5;  // past o_chunks = 2
-    const mlopt_plan_s broken_plan = as_plan(broken);
-    const Outcome structural = run(broken_plan, b, MLOPT_FLOAT32, MLOPT_SUM, o);
-    EXPECT(structural.status == MLOPT_ERR_SEMANTIC, "structural: %d", structural.status);
-    EXPECT(structural.message.find("rank 1 tb 0 step 2 (r): dstoff=5 cnt=1 is out of range") != std::string::npos,
-           "message: %s", structural.message.c_str());
 
     mlopt_plan_s json_plan = as_plan(p);
     json_plan.kind = MLOPT_PLAN_JSON;
