@@ -4,7 +4,9 @@ runs only `pip install -e '.[dev,torch]' && python -m pytest -q`, so this is whe
 Three builds, each kept in pytest's cache folder (.pytest_cache/d/mlopt-runtime/<config>-<digest>) so that a
 rerun with unchanged sources builds nothing: Release; ASan + UBSan (-DMLOPT_SANITIZE=ON) with the fuzz tests
 cut down by MLOPT_FUZZ_ITERATIONS to stay within about two minutes on two cores; and, where nvcc exists and
-runtime/src/cuda/ has sources, a compile-only build of the CUDA backend. The digest is of the content of
+runtime/src/cuda/ has sources, the CUDA backend (the library and test_cuda_backend, for sm_90 only to keep
+the build short), whose tests then run: on a machine without a GPU test_cuda_backend exits 77 and ctest
+counts it as skipped, so the CPU tests of that build (the library with CUDA compiled in) still run. The digest is of the content of
 runtime/ (and the cmake options), not of modification times: a file rewritten within the same second as
 its object file must not leave a stale test binary behind (seen while the sources were being written).
 """
@@ -112,6 +114,7 @@ def test_ctest_release(cache_dir):
     build = build_runtime(cache_dir, "release", ["-DCMAKE_BUILD_TYPE=Release", "-DMLOPT_BUILD_TESTS=ON"])
     output = run_ctest(build, "release")
     assert "tests passed" in output, output
+    assert_only_the_c_abi_is_exported(build)
 
 
 def test_ctest_under_address_and_undefined_behaviour_sanitizers(cache_dir):
@@ -134,8 +137,23 @@ def test_cuda_backend_compiles(cache_dir):
         pytest.skip("runtime/src/cuda/ has no .cu sources")
     if shutil.which("nvcc") is None:
         pytest.skip("nvcc is not installed")
-    build_runtime(cache_dir, "cuda", ["-DCMAKE_BUILD_TYPE=Release", "-DMLOPT_CUDA=ON", "-DMLOPT_BUILD_TESTS=OFF"],
-                  targets=["mlopt_runtime"])
+    build = build_runtime(cache_dir, "cuda", ["-DCMAKE_BUILD_TYPE=Release", "-DMLOPT_CUDA=ON",
+                                              "-DCMAKE_CUDA_ARCHITECTURES=90", "-DMLOPT_BUILD_TESTS=ON"])
+    output = run_ctest(build, "cuda")
+    assert "tests passed" in output, output
+    assert "test_cuda_backend" in output, "the CUDA test is built and run (or skipped without a GPU)"
+    assert_only_the_c_abi_is_exported(build)
+
+
+def assert_only_the_c_abi_is_exported(build: Path) -> None:
+    """Symbols are hidden unless marked MLOPT_API: nothing internal (nor CUDA's static runtime) leaks out."""
+    if shutil.which("nm") is None:
+        return
+    exported = subprocess.run(["nm", "-D", "--defined-only", str(build / "libmlopt_runtime.so")],
+                              capture_output=True, text=True, check=True)
+    names = {line.split()[-1] for line in exported.stdout.splitlines() if line.split()[-2:-1] == ["T"]}
+    assert names and all(name.startswith("mlopt_") for name in names), sorted(n for n in names
+                                                                              if not n.startswith("mlopt_"))[:10]
 
 
 def test_installed_package_carries_the_library():

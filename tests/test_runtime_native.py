@@ -122,8 +122,12 @@ def test_version_matches_the_binding():
     assert major == native.EXPECTED_VERSION_MAJOR and minor >= 0 and patch >= 0
     header = (REPO / "runtime/include/mlopt/mlopt.h").read_text()
     assert f"#define MLOPT_VERSION_MAJOR {major}\n" in header
+    assert f"#define MLOPT_VERSION_MINOR {native.EXPECTED_VERSION_MINOR}\n" in header
     assert native.version_problem((major, minor, patch), native.EXPECTED_VERSION_MAJOR) is None
     assert "does not match" in native.version_problem((major + 1, 0, 0), native.EXPECTED_VERSION_MAJOR)
+    # Before 1.0 a minor version may change struct layouts: 0.1's program info had no struct_size.
+    assert "does not match" in native.version_problem((0, 1, 0), 0, 2)
+    assert native.version_problem((1, 7, 0), 1, 2) is None
 
 
 def test_every_header_function_is_declared():
@@ -446,3 +450,21 @@ def test_stats_count_every_step_of_every_slice(planner_xmls):
     assert four.steps_executed == 4 * one.steps_executed
     assert one.steps_executed <= info["steps"]  # nops may or may not count
     assert math.isfinite(four.per_step_us) and four.per_step_us > 0
+
+
+def test_backends_say_whether_they_can_run():
+    assert native.backend_available("cpu") == (True, "")
+    available, why = native.backend_available("cuda")
+    assert available or why, "an unavailable CUDA backend says why"
+
+
+def test_cpu_runs_report_their_backend_and_no_device_time(planner_xmls):
+    plan = native.Plan.load(planner_xmls["allreduce-ring-ring4"])
+    inputs = random_inputs(4, 64, "float32", "sum", 0)
+    with native.LocalComm(4) as comm:
+        _, stats = comm.run(plan, inputs)
+        assert stats.backend == "cpu" and stats.device_us == 0.0 and stats.wall_us > 0
+        with pytest.raises(ValueError, match="CUDA backend needs CUDA torch tensors"):
+            comm.run(plan, inputs, backend="cuda")
+        with pytest.raises(ValueError, match="backend 'tpu'"):
+            comm.run(plan, inputs, backend="tpu")

@@ -34,9 +34,12 @@ LIBRARY_NAME = "libmlopt_runtime.so"
 BUNDLED_LIBRARY = Path(__file__).resolve().parent / "_lib" / LIBRARY_NAME
 BUILD_ERROR_NOTE = BUNDLED_LIBRARY.parent / "build-error.txt"  # written by setup.py when cmake failed
 
-# The C ABI version this binding declares (MLOPT_VERSION_MAJOR in mlopt.h): a library of another major
-# version may have other struct layouts or signatures, so calling it could corrupt memory.
+# The C ABI version this binding declares (MLOPT_VERSION_MAJOR/MINOR in mlopt.h): a library of another major
+# version may have other struct layouts or signatures, so calling it could corrupt memory. Before 1.0 a minor
+# version may change layouts too (0.2 put struct_size first in mlopt_program_info and mlopt_run_stats), so
+# major 0 must match the minor as well.
 EXPECTED_VERSION_MAJOR = 0
+EXPECTED_VERSION_MINOR = 2
 
 STATUS_NAMES = {
     0: "MLOPT_OK",
@@ -61,6 +64,8 @@ DTYPES = {"float32": 0, "float16": 1, "bfloat16": 2, "int32": 3}
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "int32": 4}
 OPS = {"sum": 0, "prod": 1, "max": 2, "min": 3}
 BACKEND_CPU = 0
+BACKEND_CUDA = 1
+BACKENDS = {"cpu": BACKEND_CPU, "cuda": BACKEND_CUDA}
 
 
 # ------------------------------------------------------------------------------------------------ errors
@@ -95,7 +100,7 @@ class RuntimeLibraryNotFound(MloptError):
 
 class _ProgramInfo(ctypes.Structure):
     _fields_ = [
-        ("name", ctypes.c_char_p), ("coll", ctypes.c_char_p), ("proto", ctypes.c_char_p),
+        ("struct_size", ctypes.c_size_t), ("name", ctypes.c_char_p), ("coll", ctypes.c_char_p), ("proto", ctypes.c_char_p),
         ("ngpus", ctypes.c_int32), ("nchannels", ctypes.c_int32), ("nchunksperloop", ctypes.c_int32),
         ("inplace", ctypes.c_int32), ("outofplace", ctypes.c_int32),
         ("min_bytes", ctypes.c_int64), ("max_bytes", ctypes.c_int64),
@@ -109,13 +114,15 @@ class _RunOptions(ctypes.Structure):
     _fields_ = [
         ("struct_size", ctypes.c_size_t), ("backend", ctypes.c_int), ("watchdog_ms", ctypes.c_int32),
         ("fifo_slots", ctypes.c_int32), ("chunk_bytes", ctypes.c_int64), ("threads", ctypes.c_int32),
+        ("cuda_stream", ctypes.c_void_p), ("cuda_block_threads", ctypes.c_int32),
     ]
 
 
 class _RunStats(ctypes.Structure):
     _fields_ = [
-        ("steps_executed", ctypes.c_int64), ("messages", ctypes.c_int64), ("bytes_moved", ctypes.c_int64),
-        ("loop_iterations", ctypes.c_int64), ("wall_us", ctypes.c_double),
+        ("struct_size", ctypes.c_size_t), ("steps_executed", ctypes.c_int64), ("messages", ctypes.c_int64),
+        ("bytes_moved", ctypes.c_int64), ("loop_iterations", ctypes.c_int64), ("wall_us", ctypes.c_double),
+        ("device_us", ctypes.c_double), ("backend", ctypes.c_int32),
     ]
 
 
@@ -150,6 +157,7 @@ _PROTOTYPES: dict[str, tuple[Any, list[Any]]] = {
                                  ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.POINTER(_RunOptions),
                                  _out_handle]),
     "mlopt_comm_last_stats": (_status, [_handle, ctypes.POINTER(_RunStats)]),
+    "mlopt_backend_available": (_status, [ctypes.c_int, _out_handle]),
 }
 
 
@@ -210,11 +218,13 @@ def _version_of(lib) -> tuple[int, int, int]:
     return major.value, minor.value, patch.value
 
 
-def version_problem(found: tuple[int, int, int], expected_major: int) -> str | None:
+def version_problem(found: tuple[int, int, int], expected_major: int,
+                    expected_minor: int = EXPECTED_VERSION_MINOR) -> str | None:
     """Why a library of version `found` cannot be used by this binding, or None when it can."""
-    if found[0] != expected_major:
-        return (f"library version {'.'.join(map(str, found))} does not match the binding (major version "
-                f"{expected_major}); rebuild the library from this checkout (`pip install -e .`)")
+    if found[0] != expected_major or (expected_major == 0 and found[1] != expected_minor):
+        wanted = f"{expected_major}.{expected_minor}" if expected_major == 0 else f"major version {expected_major}"
+        return (f"library version {'.'.join(map(str, found))} does not match the binding ({wanted}); rebuild "
+                f"the library from this checkout (`pip install -e .`)")
     return None
 
 
@@ -323,9 +333,10 @@ class Plan(_Owned):
     def program_info(self) -> dict[str, Any]:
         """The MSCCL-EF program's summary (mlopt_program_info as a dict); RuntimeLibraryError for JSON plans."""
         info, err = _ProgramInfo(), ctypes.c_void_p()
+        info.struct_size = ctypes.sizeof(_ProgramInfo)
         status = self._lib.mlopt_plan_program_info(self.handle, ctypes.byref(info), ctypes.byref(err))
         _raise_for(self._lib, status, err)
-        out = {name: getattr(info, name) for name, _ in _ProgramInfo._fields_}
+        out = {name: getattr(info, name) for name, _ in _ProgramInfo._fields_ if name != "struct_size"}
         for name in ("name", "coll", "proto"):
             out[name] = _text(out[name])
         for name in ("inplace", "outofplace"):
@@ -355,7 +366,9 @@ class RunStats:
     messages: int
     bytes_moved: int
     loop_iterations: int
-    wall_us: float
+    wall_us: float  # the run, start to finish (CUDA: launch to completion)
+    device_us: float = 0.0  # CUDA: the kernel alone (CUDA events); 0 on the CPU backend
+    backend: str = "cpu"
 
     @property
     def per_step_us(self) -> float:
@@ -387,10 +400,13 @@ def _is_torch(value: Any) -> bool:
     return type(value).__module__.startswith("torch") and hasattr(value, "data_ptr")
 
 
-def _describe(value: Any, what: str) -> _Buffer:
-    """Address, size and dtype of a numpy array or CPU torch tensor; ValueError for anything else."""
+def _describe(value: Any, what: str, backend: str = "cpu") -> _Buffer:
+    """Address, size and dtype of a numpy array or CPU torch tensor (CUDA torch tensors for the CUDA
+    backend); ValueError for anything else."""
     if _is_torch(value):
-        if value.device.type != "cpu":
+        if backend == "cuda" and value.device.type != "cuda":
+            raise ValueError(f"{what}: tensor on {value.device}; the CUDA backend needs CUDA tensors")
+        if backend == "cpu" and value.device.type != "cpu":
             raise ValueError(f"{what}: tensor on {value.device}; the CPU backend needs CPU tensors")
         if not value.is_contiguous():
             raise ValueError(f"{what}: tensor is not contiguous (call .contiguous())")
@@ -400,6 +416,8 @@ def _describe(value: Any, what: str) -> _Buffer:
         return _Buffer(value.data_ptr(), value.numel(), dtype, True, True)
     import numpy as np
 
+    if backend == "cuda":
+        raise ValueError(f"{what}: the CUDA backend needs CUDA torch tensors, got {type(value).__name__}")
     if not isinstance(value, np.ndarray):
         raise ValueError(f"{what}: expected a numpy array or a CPU torch tensor, got {type(value).__name__}")
     if not value.flags.c_contiguous:
@@ -456,6 +474,19 @@ def in_place_windows(coll: str, rank: int, count: int, out_count: int) -> tuple[
     return max(count, out_count), 0, 0
 
 
+def backend_available(backend: str) -> tuple[bool, str]:
+    """(True, "") when the library can run `backend` ("cpu" or "cuda") here, else (False, why)."""
+    lib = library()
+    err = ctypes.c_void_p()
+    status = lib.mlopt_backend_available(BACKENDS[backend], ctypes.byref(err))
+    if status == 0:
+        return True, ""
+    message = _text(lib.mlopt_error_message(err)) if err.value else ""
+    if err.value:
+        lib.mlopt_error_free(err)
+    return False, message
+
+
 # ------------------------------------------------------------------------------------------------ communicator
 
 
@@ -477,14 +508,17 @@ class LocalComm(_Owned):
 
     def last_stats(self) -> RunStats:
         stats = _RunStats()
+        stats.struct_size = ctypes.sizeof(_RunStats)
         status = self._lib.mlopt_comm_last_stats(self.handle, ctypes.byref(stats))
         if status != 0:
             raise RuntimeLibraryError(status, f"mlopt_comm_last_stats: {_text(self._lib.mlopt_status_string(status))}")
-        return RunStats(stats.steps_executed, stats.messages, stats.bytes_moved, stats.loop_iterations, stats.wall_us)
+        backend = next((name for name, value in BACKENDS.items() if value == stats.backend), str(stats.backend))
+        return RunStats(stats.steps_executed, stats.messages, stats.bytes_moved, stats.loop_iterations, stats.wall_us,
+                        stats.device_us, backend)
 
     def run(self, plan: Plan, inputs: Sequence[Any], outputs: Sequence[Any] | None = None, dtype: str | None = None,
             op: str = "sum", in_place: bool = False, chunk_bytes: int = 0, fifo_slots: int = 0,
-            watchdog_ms: int = 0, threads: int = 0) -> RunResult:
+            watchdog_ms: int = 0, threads: int = 0, backend: str = "cpu", cuda_block_threads: int = 0) -> RunResult:
         """Runs `plan` on every rank: inputs[r] is rank r's input (count elements each, any shape, contiguous).
 
         Out of place, outputs[r] (plan.output_count(count) elements each) are allocated when not given. In
@@ -492,15 +526,19 @@ class LocalComm(_Owned):
         in_place_windows(...)[0] elements: inputs[r] is copied into its input window before the run (skipped
         when it already is that memory) and the returned outputs are views of the output windows.
         chunk_bytes, fifo_slots, watchdog_ms, threads: mlopt_run_options (0 = the library's default).
+        backend="cuda": CUDA torch tensors on the current device, run as one kernel on torch's current stream
+        (the call returns when it has finished); cuda_block_threads: threads per CUDA block (0: 512).
         """
         if op not in OPS:
             raise ValueError(f"op {op!r} is not one of {', '.join(OPS)}")
+        if backend not in BACKENDS:
+            raise ValueError(f"backend {backend!r} is not one of {', '.join(BACKENDS)}")
         nranks = self.size
         if len(inputs) != nranks:
             raise ValueError(f"{len(inputs)} input buffers for a communicator of {nranks} ranks")
         if outputs is not None and len(outputs) != nranks:
             raise ValueError(f"{len(outputs)} output buffers for a communicator of {nranks} ranks")
-        in_buffers = [_describe(x, f"inputs[{r}]") for r, x in enumerate(inputs)]
+        in_buffers = [_describe(x, f"inputs[{r}]", backend) for r, x in enumerate(inputs)]
         kind = _resolve_dtype(in_buffers, dtype)
         count = in_buffers[0].numel
         if any(b.numel != count for b in in_buffers):
@@ -508,18 +546,23 @@ class LocalComm(_Owned):
         out_count = plan.output_count(count)  # also checks count against the program's chunks
         if in_place:
             buffers, input_addresses, output_addresses, results = self._in_place_buffers(
-                plan, inputs, outputs, kind, count, out_count)
+                plan, inputs, outputs, kind, count, out_count, backend)
         else:
-            buffers = self._out_of_place_buffers(inputs, outputs, kind, out_count)
+            buffers = self._out_of_place_buffers(inputs, outputs, kind, out_count, backend)
             input_addresses = [b.address for b in in_buffers]
-            output_addresses = [_describe(x, "").address for x in buffers]
+            output_addresses = [_describe(x, "", backend).address for x in buffers]
             results = list(buffers)
         options = _RunOptions()
         self._lib.mlopt_run_options_init(ctypes.byref(options))
         options.struct_size = ctypes.sizeof(_RunOptions)
-        options.backend = BACKEND_CPU
+        options.backend = BACKENDS[backend]
         options.watchdog_ms, options.fifo_slots = int(watchdog_ms), int(fifo_slots)
         options.chunk_bytes, options.threads = int(chunk_bytes), int(threads)
+        options.cuda_block_threads = int(cuda_block_threads)
+        if backend == "cuda":
+            import torch
+
+            options.cuda_stream = torch.cuda.current_stream().cuda_stream  # after the work that made the inputs
         input_array = (ctypes.c_void_p * nranks)(*input_addresses)
         output_array = (ctypes.c_void_p * nranks)(*output_addresses)
         err = ctypes.c_void_p()
@@ -531,10 +574,10 @@ class LocalComm(_Owned):
 
     @staticmethod
     def _out_of_place_buffers(inputs: Sequence[Any], outputs: Sequence[Any] | None, kind: str,
-                              out_count: int) -> list[Any]:
+                              out_count: int, backend: str) -> list[Any]:
         if outputs is None:
             return [_empty_like(inputs[r], out_count) for r in range(len(inputs))]
-        out_buffers = [_describe(x, f"outputs[{r}]") for r, x in enumerate(outputs)]
+        out_buffers = [_describe(x, f"outputs[{r}]", backend) for r, x in enumerate(outputs)]
         if _resolve_dtype(out_buffers, kind) != kind:
             raise ValueError("outputs and inputs differ in dtype")
         for r, b in enumerate(out_buffers):
@@ -546,7 +589,7 @@ class LocalComm(_Owned):
         return list(outputs)
 
     def _in_place_buffers(self, plan: Plan, inputs: Sequence[Any], outputs: Sequence[Any] | None, kind: str,
-                          count: int, out_count: int):
+                          count: int, out_count: int, backend: str):
         info = plan.program_info
         coll = info["coll"]
         if not info["inplace"]:
@@ -558,17 +601,17 @@ class LocalComm(_Owned):
                 buffer = _empty_like(source, total)
             else:
                 buffer = outputs[rank]
-                described = _describe(buffer, f"outputs[{rank}]")
+                described = _describe(buffer, f"outputs[{rank}]", backend)
                 same_dtype = described.dtype == kind or (described.dtype is None and kind == "bfloat16")
                 if described.numel != total or not same_dtype or not described.writable:
                     raise ValueError(f"outputs[{rank}]: in place, each rank's buffer is {total} writable {kind} "
                                      f"elements (got {described.numel} {described.dtype})")
             flat = _flat(buffer)
             window = flat[input_at:input_at + count]
-            if _describe(window, "").address != _describe(source, "").address:
+            if _describe(window, "", backend).address != _describe(source, "", backend).address:
                 window[...] = _flat(source)
             elem = DTYPE_BYTES[kind]
-            base = _describe(buffer, "").address
+            base = _describe(buffer, "", backend).address
             buffers.append(buffer)
             input_addresses.append(base + input_at * elem)
             output_addresses.append(base + output_at * elem)

@@ -8,6 +8,7 @@
 #include <new>
 #include <string>
 
+#include "cuda_backend.hpp"
 #include "handles.hpp"
 #include "interpreter.hpp"
 #include "reduce.hpp"
@@ -16,7 +17,8 @@ struct mlopt_comm_s {
     int32_t nranks = 0;
     std::mutex busy;              // held for the length of a run: one collective at a time
     mlopt::Workspace workspace;   // scratch and FIFO payloads, reused by the next run
-    mlopt_run_stats last_stats{};
+    mlopt::CudaWorkspacePtr cuda_workspace;  // the CUDA backend's device memory, made by its first GPU run
+    mlopt_run_stats last_stats{sizeof(mlopt_run_stats), 0, 0, 0, 0, 0.0, 0.0, MLOPT_BACKEND_CPU};
 };
 
 namespace mlopt {
@@ -46,12 +48,18 @@ mlopt_status read_options(const mlopt_run_options* given, mlopt_run_options& out
     }
     std::memcpy(&out, given, std::min(given->struct_size, sizeof out));
     out.struct_size = sizeof out;
-    if (out.backend == MLOPT_BACKEND_CUDA) {
-        return fail(err, MLOPT_ERR_UNSUPPORTED, "the CUDA backend is not available in this build");
-    }
-    if (out.backend != MLOPT_BACKEND_CPU) {
+    if (out.backend != MLOPT_BACKEND_CPU && out.backend != MLOPT_BACKEND_CUDA) {
         return fail(err, MLOPT_ERR_INVALID_ARGUMENT,
                     "options->backend=" + std::to_string(static_cast<int>(out.backend)) + " is not a mlopt_backend");
+    }
+    if (out.cuda_block_threads > 0 && (out.cuda_block_threads % 32 != 0 || out.cuda_block_threads > 512)) {
+        return fail(err, MLOPT_ERR_INVALID_ARGUMENT,
+                    "options->cuda_block_threads=" + std::to_string(out.cuda_block_threads) +
+                        " must be a multiple of 32 up to 512 (or <= 0 for the default, 512)");
+    }
+    if (out.backend == MLOPT_BACKEND_CUDA) {
+        std::string why;
+        if (cuda_backend_available(why) != MLOPT_OK) return fail(err, MLOPT_ERR_UNSUPPORTED, why);
     }
     return MLOPT_OK;
 }
@@ -195,6 +203,8 @@ mlopt_status run_checked(mlopt_comm_s* comm, const mlopt_plan_s* plan, void* con
     request.fifo_slots = opts.fifo_slots;
     request.chunk_bytes = opts.chunk_bytes;
     request.threads = opts.threads;
+    request.cuda_stream = opts.cuda_stream;
+    request.cuda_block_threads = opts.cuda_block_threads;
     request.ranks.resize(plan->program.gpus.size());
     for (size_t r = 0; r < request.ranks.size(); ++r) {
         request.ranks[r].input = static_cast<std::byte*>(inputs[r]);
@@ -205,8 +215,12 @@ mlopt_status run_checked(mlopt_comm_s* comm, const mlopt_plan_s* plan, void* con
     if (!busy.owns_lock()) {
         return fail(err, MLOPT_ERR_INVALID_ARGUMENT, "the communicator is already running a collective");
     }
-    RunResult result = run_program(plan->program, request, comm->workspace);
+    RunResult result = opts.backend == MLOPT_BACKEND_CUDA
+                           ? run_program_cuda(plan->program, request, comm->cuda_workspace)
+                           : run_program(plan->program, request, comm->workspace);
     comm->last_stats = result.stats;
+    comm->last_stats.struct_size = sizeof(mlopt_run_stats);
+    comm->last_stats.backend = opts.backend;
     if (result.status != MLOPT_OK) return fail(err, result.status, prefixed(*plan, result.message));
     return succeed(err);
 }
@@ -232,6 +246,21 @@ MLOPT_API mlopt_status mlopt_comm_create_local(int32_t nranks, mlopt_comm* out, 
 
 MLOPT_API void mlopt_comm_free(mlopt_comm comm) { delete comm; }
 
+MLOPT_API mlopt_status mlopt_backend_available(mlopt_backend backend, mlopt_error* err) {
+    try {
+        if (backend == MLOPT_BACKEND_CPU) return mlopt::succeed(err);
+        if (backend != MLOPT_BACKEND_CUDA) {
+            return mlopt::fail(err, MLOPT_ERR_INVALID_ARGUMENT,
+                               "backend=" + std::to_string(static_cast<int>(backend)) + " is not a mlopt_backend");
+        }
+        std::string why;
+        const mlopt_status status = mlopt::cuda_backend_available(why);
+        return status == MLOPT_OK ? mlopt::succeed(err) : mlopt::fail(err, status, why);
+    } catch (...) {
+        return mlopt::fail(err, MLOPT_ERR_INTERNAL, "unexpected error in mlopt_backend_available");
+    }
+}
+
 MLOPT_API int32_t mlopt_comm_size(const mlopt_comm_s* comm) { return comm != nullptr ? comm->nranks : 0; }
 
 MLOPT_API void mlopt_run_options_init(mlopt_run_options* options) {
@@ -243,6 +272,8 @@ MLOPT_API void mlopt_run_options_init(mlopt_run_options* options) {
     options->fifo_slots = 0;
     options->chunk_bytes = 0;
     options->threads = 0;
+    options->cuda_stream = nullptr;
+    options->cuda_block_threads = 0;
 }
 
 MLOPT_API mlopt_status mlopt_comm_run(mlopt_comm comm, const mlopt_plan_s* program, void* const* inputs,
@@ -259,8 +290,7 @@ MLOPT_API mlopt_status mlopt_comm_run(mlopt_comm comm, const mlopt_plan_s* progr
 
 MLOPT_API mlopt_status mlopt_comm_last_stats(const mlopt_comm_s* comm, mlopt_run_stats* out) {
     if (comm == nullptr || out == nullptr) return MLOPT_ERR_INVALID_ARGUMENT;
-    *out = comm->last_stats;
-    return MLOPT_OK;
+    return mlopt::copy_sized(comm->last_stats, out) ? MLOPT_OK : MLOPT_ERR_INVALID_ARGUMENT;
 }
 
 }  // extern "C"

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <string>
 
 #include "mlopt/mlopt.h"
@@ -39,5 +40,17 @@ mlopt_status fail(mlopt_error* err, mlopt_status status, const std::string& mess
 
 // Clears *err (when err is not NULL) and returns MLOPT_OK.
 mlopt_status succeed(mlopt_error* err);
+
+// Copies `value` into a caller's struct whose first field is struct_size: only the bytes the caller's struct
+// has (an older header's smaller struct), leaving out->struct_size as it was. False when struct_size does not
+// even cover the first field after it (the caller did not set it).
+template <typename T>
+bool copy_sized(const T& value, T* out) {
+    const size_t given = out->struct_size;
+    if (given <= sizeof(size_t)) return false;
+    std::memcpy(out, &value, given < sizeof(T) ? given : sizeof(T));
+    out->struct_size = given;
+    return true;
+}
 
 }  // namespace mlopt

@@ -72,6 +72,8 @@ struct RunRequest {
     int32_t fifo_slots = 0;       // messages in flight per connection; <= 0: unbounded
     int64_t chunk_bytes = 0;      // most bytes of a chunk per loop iteration; <= 0: whole chunks
     int32_t threads = 0;          // worker threads; <= 0: std::thread::hardware_concurrency()
+    void* cuda_stream = nullptr;  // CUDA backend: cudaStream_t (NULL: default stream)
+    int32_t cuda_block_threads = 0;  // CUDA backend: threads per block; <= 0: 512
 };
 
 struct RunResult {

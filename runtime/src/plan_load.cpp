@@ -370,7 +370,11 @@ MLOPT_API mlopt_status mlopt_plan_program_info(const mlopt_plan_s* plan, mlopt_p
         info.i_chunks = p.gpus.front().i_chunks;
         info.o_chunks = p.gpus.front().o_chunks;
         info.root = mlopt::collective_root(p);
-        *out = info;
+        if (!mlopt::copy_sized(info, out)) {
+            return fail(err, MLOPT_ERR_INVALID_ARGUMENT,
+                        "mlopt_plan_program_info: out->struct_size=" + std::to_string(out->struct_size) +
+                            " (set it to sizeof(mlopt_program_info))");
+        }
         return mlopt::succeed(err);
     });
 }

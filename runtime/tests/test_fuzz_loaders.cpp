@@ -168,6 +168,7 @@ mlopt_status run_one(const std::string& input, Tally& tally) {
         CHECK(plan != nullptr && err == nullptr);
         if (mlopt_plan_get_kind(plan) == MLOPT_PLAN_MSCCL_XML) {
             mlopt_program_info info{};
+            info.struct_size = sizeof info;
             CHECK_EQ(mlopt_plan_program_info(plan, &info, nullptr), MLOPT_OK);
             CHECK(info.ngpus >= 1 && info.i_chunks >= 1 && info.o_chunks >= 0);
             size_t out = 0;

@@ -324,7 +324,7 @@ double combine(mlopt_redop op, double a, double b) {
 struct Outcome {
     mlopt_status status = MLOPT_OK;
     std::string message;
-    mlopt_run_stats stats{};
+    mlopt_run_stats stats{sizeof(mlopt_run_stats), 0, 0, 0, 0, 0.0, 0.0, 0};
     double seconds = 0;
 };
 
@@ -720,9 +720,17 @@ void test_argument_errors() {
     EXPECT(run(plan, b, static_cast<mlopt_dtype>(9), MLOPT_SUM, o).status == MLOPT_ERR_INVALID_ARGUMENT, "dtype");
     EXPECT(run(plan, b, MLOPT_FLOAT32, static_cast<mlopt_redop>(-1), o).status == MLOPT_ERR_INVALID_ARGUMENT, "op");
 
+    // Without the CUDA backend (or a GPU), a CUDA run is refused as unsupported, naming why.
     mlopt_run_options cuda = options();
     cuda.backend = MLOPT_BACKEND_CUDA;
-    EXPECT(run(plan, b, MLOPT_FLOAT32, MLOPT_SUM, cuda).status == MLOPT_ERR_UNSUPPORTED, "cuda backend");
+    if (mlopt_backend_available(MLOPT_BACKEND_CUDA, nullptr) != MLOPT_OK) {
+        const Outcome refused = run(plan, b, MLOPT_FLOAT32, MLOPT_SUM, cuda);
+        EXPECT(refused.status == MLOPT_ERR_UNSUPPORTED && !refused.message.empty(), "cuda backend: %s",
+               refused.message.c_str());
+    }
+    EXPECT(mlopt_backend_available(MLOPT_BACKEND_CPU, nullptr) == MLOPT_OK, "the CPU backend is always there");
+    EXPECT(mlopt_backend_available(static_cast<mlopt_backend>(7), nullptr) == MLOPT_ERR_INVALID_ARGUMENT,
+           "not a backend");
     mlopt_run_options uninitialised{};
     EXPECT(run(plan, b, MLOPT_FLOAT32, MLOPT_SUM, uninitialised).status == MLOPT_ERR_INVALID_ARGUMENT, "struct_size");
 
@@ -742,7 +750,8 @@ void test_argument_errors() {
                           nullptr) == MLOPT_ERR_INVALID_ARGUMENT,
            "NULL comm");
     EXPECT(mlopt_comm_size(nullptr) == 0, "size of NULL");
-    mlopt_run_stats stats;
+    mlopt_run_stats stats{};
+    stats.struct_size = sizeof stats;
     EXPECT(mlopt_comm_last_stats(nullptr, &stats) == MLOPT_ERR_INVALID_ARGUMENT, "stats of NULL");
     mlopt_comm_free(nullptr);
 
@@ -754,6 +763,19 @@ void test_argument_errors() {
                "reuse %d", i);
     }
     EXPECT(mlopt_comm_last_stats(comm, &stats) == MLOPT_OK && stats.steps_executed == 6, "stats after reuse");
+    EXPECT(stats.backend == MLOPT_BACKEND_CPU && stats.device_us == 0.0, "CPU runs have no device time");
+    // An older caller's smaller struct gets only its fields; an unset struct_size is refused.
+    mlopt_run_stats older;
+    std::memset(&older, 0x5a, sizeof older);
+    older.struct_size = offsetof(mlopt_run_stats, wall_us);
+    EXPECT(mlopt_comm_last_stats(comm, &older) == MLOPT_OK && older.steps_executed == 6 &&
+               older.struct_size == offsetof(mlopt_run_stats, wall_us),
+           "older stats struct");
+    unsigned char beyond[sizeof older.wall_us];
+    std::memset(beyond, 0x5a, sizeof beyond);
+    EXPECT(std::memcmp(&older.wall_us, beyond, sizeof beyond) == 0, "nothing written past an older struct");
+    mlopt_run_stats unset{};
+    EXPECT(mlopt_comm_last_stats(comm, &unset) == MLOPT_ERR_INVALID_ARGUMENT, "struct_size unset");
     mlopt_comm_free(comm);
 }
 
@@ -1076,6 +1098,7 @@ int bench(int argc, char** argv) {
     const mlopt_run_options o = options(fifo, chunk_bytes, threads);
     std::vector<double> times;
     mlopt_run_stats stats{};
+    stats.struct_size = sizeof stats;
     for (int i = 0; i < 8; ++i) {
         mlopt_error err = nullptr;
         if (mlopt_comm_run(comm, &plan, b.inputs.data(), b.outputs.data(), count, MLOPT_FLOAT32, MLOPT_SUM, &o, &err) !=

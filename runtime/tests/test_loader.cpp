@@ -2,7 +2,9 @@
 // and of the JSON envelope check, broken on purpose, gives the right status and a one-line message naming the
 // location and line; truncated inputs give MLOPT_ERR_PARSE; NULL arguments give MLOPT_ERR_INVALID_ARGUMENT.
 // Fixtures are read from $MLOPT_REPO/runtime/tests/data (ctest sets MLOPT_REPO), else from ./data.
+#include <cstddef>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <functional>
 #include <sstream>
@@ -364,6 +366,7 @@ void test_every_fixture_loads() {
         CHECK_EQ(std::string(mlopt_plan_schema_version(o.plan.get())), "");
         CHECK_EQ(std::string(mlopt_plan_planner(o.plan.get())), "collective");
         mlopt_program_info info{};
+        info.struct_size = sizeof info;
         CHECK_EQ(mlopt_plan_program_info(o.plan.get(), &info, nullptr), MLOPT_OK);
         CHECK(info.ngpus >= 2 && info.threadblocks >= info.ngpus && info.steps > 0);
         CHECK(info.i_chunks >= 1 && info.o_chunks >= 1);
@@ -523,6 +526,7 @@ void test_output_count() {
     CHECK_EQ(mlopt_output_count(json.get(), 6, &out, &err), MLOPT_ERR_INVALID_ARGUMENT);
     mlopt_error_free(err);
     mlopt_program_info info{};
+    info.struct_size = sizeof info;
     CHECK_EQ(mlopt_plan_program_info(json.get(), &info, &err), MLOPT_ERR_INVALID_ARGUMENT);
     REQUIRE(err != nullptr);
     CHECK_CONTAINS(mlopt_error_message(err), "has no MSCCL-EF program");
@@ -808,6 +812,7 @@ void test_null_arguments() {
     CHECK_EQ(mlopt_plan_load(nullptr, nullptr, nullptr), MLOPT_ERR_INVALID_ARGUMENT);
     CHECK_EQ(mlopt_plan_load("data/no-such-plan.xml", &plan, nullptr), MLOPT_ERR_IO);
     mlopt_program_info info{};
+    info.struct_size = sizeof info;
     CHECK_EQ(mlopt_plan_program_info(nullptr, &info, &err), MLOPT_ERR_INVALID_ARGUMENT);
     mlopt_error_free(err);
     size_t out = 0;
@@ -816,6 +821,18 @@ void test_null_arguments() {
     const mlopt::Plan good = mlopt::Plan::load(data_path(H));
     CHECK_EQ(mlopt_plan_program_info(good.get(), nullptr, &err), MLOPT_ERR_INVALID_ARGUMENT);
     mlopt_error_free(err);
+    mlopt_program_info unset{};
+    CHECK_EQ(mlopt_plan_program_info(good.get(), &unset, &err), MLOPT_ERR_INVALID_ARGUMENT);
+    REQUIRE(err != nullptr);
+    CHECK_CONTAINS(mlopt_error_message(err), "struct_size");
+    mlopt_error_free(err);
+    // An older caller's struct, ending before `root`, gets what it has and nothing past it.
+    mlopt_program_info older;
+    std::memset(&older, 0x5a, sizeof older);
+    older.struct_size = offsetof(mlopt_program_info, root);
+    CHECK_EQ(mlopt_plan_program_info(good.get(), &older, &err), MLOPT_OK);
+    CHECK_EQ(older.ngpus, good.program_info().ngpus);
+    CHECK_EQ(older.root, 0x5a5a5a5a);
     CHECK_EQ(mlopt_output_count(good.get(), 4, nullptr, &err), MLOPT_ERR_INVALID_ARGUMENT);
     mlopt_error_free(err);
     // Queries on NULL: no crash, "" and kind 0.

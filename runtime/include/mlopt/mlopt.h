@@ -16,7 +16,7 @@
 #include <stdint.h>
 
 #define MLOPT_VERSION_MAJOR 0
-#define MLOPT_VERSION_MINOR 1
+#define MLOPT_VERSION_MINOR 2
 #define MLOPT_VERSION_PATCH 0
 /* Plan envelope (JSON) schema major version this library reads; see mlopt/formats/plan.py. */
 #define MLOPT_PLAN_SCHEMA_MAJOR 1
@@ -91,6 +91,7 @@ MLOPT_API const char* mlopt_plan_planner(const struct mlopt_plan_s* plan);
 
 /* MSCCL-EF program summary (XML plans only; MLOPT_ERR_INVALID_ARGUMENT otherwise). */
 typedef struct mlopt_program_info {
+    size_t struct_size;   /* set by the caller to sizeof(mlopt_program_info): the library fills only what fits */
     const char* name;
     const char* coll;     /* allgather | reducescatter | allreduce | alltoall | broadcast | reduce */
     const char* proto;    /* Simple | LL | LL128 */
@@ -124,9 +125,17 @@ typedef enum mlopt_dtype {
 
 typedef enum mlopt_redop { MLOPT_SUM = 0, MLOPT_PROD = 1, MLOPT_MAX = 2, MLOPT_MIN = 3 } mlopt_redop;
 
+/* CPU: ranks are threads of this process, buffers are host memory. CUDA (builds with MLOPT_CUDA, see
+ * mlopt_backend_available): one kernel launch on the calling thread's current GPU runs the whole program, one
+ * CUDA block per threadblock of every rank; buffers are memory that GPU can address (cudaMalloc'd on it,
+ * managed, or pinned host memory), and the call blocks until the kernel has finished. */
 typedef enum mlopt_backend { MLOPT_BACKEND_CPU = 0, MLOPT_BACKEND_CUDA = 1 } mlopt_backend;
 
-/* An in-process communicator: ranks are threads of this process sharing memory. */
+/* MLOPT_OK when `backend` can run here; else MLOPT_ERR_UNSUPPORTED with the reason in *err (not built with
+ * CUDA, no GPU, driver too old). */
+MLOPT_API mlopt_status mlopt_backend_available(mlopt_backend backend, mlopt_error* err);
+
+/* An in-process communicator: ranks share this process's memory (threads of it on the CPU backend). */
 typedef struct mlopt_comm_s* mlopt_comm;
 
 MLOPT_API mlopt_status mlopt_comm_create_local(int32_t nranks, mlopt_comm* out, mlopt_error* err);
@@ -141,6 +150,8 @@ typedef struct mlopt_run_options {
     int64_t chunk_bytes;      /* most bytes one chunk covers in one loop iteration (the executor's slice);
                                  <= 0: the whole buffer in one iteration */
     int32_t threads;          /* worker threads of the CPU backend; <= 0: one per hardware thread */
+    void* cuda_stream;        /* CUDA backend: the cudaStream_t to run on; NULL: the default stream */
+    int32_t cuda_block_threads; /* CUDA backend: threads per CUDA block (32..512, a multiple of 32); <= 0: 512 */
 } mlopt_run_options;
 
 MLOPT_API void mlopt_run_options_init(mlopt_run_options* options);
@@ -162,13 +173,17 @@ MLOPT_API mlopt_status mlopt_comm_run(mlopt_comm comm, const struct mlopt_plan_s
 
 /* Counters of the last run on `comm` (for per-step overhead measurements). */
 typedef struct mlopt_run_stats {
+    size_t struct_size;      /* set by the caller to sizeof(mlopt_run_stats): the library fills only what fits */
     int64_t steps_executed;  /* over all ranks, threadblocks and loop iterations */
     int64_t messages;        /* FIFO messages pushed */
     int64_t bytes_moved;     /* bytes copied by sends/receives/copies */
     int64_t loop_iterations;
-    double wall_us;
+    double wall_us;          /* the run on the calling thread, from start to finish (CUDA: launch to completion) */
+    double device_us;        /* CUDA: the kernel alone, by CUDA events; 0 on the CPU backend */
+    int32_t backend;         /* mlopt_backend of the run */
 } mlopt_run_stats;
 
+/* out->struct_size must be set (sizeof(mlopt_run_stats), or a smaller size from an older header). */
 MLOPT_API mlopt_status mlopt_comm_last_stats(const struct mlopt_comm_s* comm, mlopt_run_stats* out);
 
 #ifdef __cplusplus

@@ -128,6 +128,7 @@ public:
     // XML plans only (Error with MLOPT_ERR_INVALID_ARGUMENT otherwise). Strings live as long as the plan.
     mlopt_program_info program_info() const {
         mlopt_program_info info{};
+        info.struct_size = sizeof info;
         mlopt_error err = nullptr;
         const mlopt_status status = mlopt_plan_program_info(handle_, &info, &err);
         detail::throw_if_failed(status, err);
@@ -195,6 +196,7 @@ public:
     // Counters of the last run.
     mlopt_run_stats last_stats() const {
         mlopt_run_stats stats{};
+        stats.struct_size = sizeof stats;
         const mlopt_status status = mlopt_comm_last_stats(handle_, &stats);
         if (status != MLOPT_OK) throw Error(status, std::string("mlopt_comm_last_stats: ") + status_string(status));
         return stats;
