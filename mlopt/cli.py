@@ -27,6 +27,12 @@ def _print_json(value: Any) -> None:
     click.echo(canonical_json(value), nl=False)
 
 
+# mlopt.sim.collective_algorithms.ALGORITHMS (kept literal here so that the CLI starts without numpy; a test
+# checks the two agree).
+ITERATION_ALGORITHMS = ["ring", "bidirectional-ring", "direct", "halving-doubling", "double-binary-tree",
+                        "hierarchical", "hierarchical-bidirectional"]
+
+
 def topology_options(func: Callable) -> Callable:
     """Options for reading a topology: presets need none; TACCL node profiles may need all three."""
     func = click.option("--nodes", type=click.IntRange(min=1), default=None,
@@ -361,22 +367,53 @@ def _memory_sweep(ctx, problem, sweep_text, memory_options, options, out_dir, in
 
 
 @cli.command()
-@click.argument("files", nargs=-1, required=True)
+@click.argument("files", nargs=-1, required=False)
 @click.option("--topology", "topology_spec", default=None, help="Topology preset or file (collective algorithms).")
 @topology_options
-@click.option("--model", "model_path", default=None, help="Trace the memory plans were made for (memory plans).")
+@click.option("--model", "model_path", default=None,
+              help="Trace: with --topology, simulate the training iteration (PLANS optional); alone, replay memory plans.")
+@click.option("--workload", "workload_spec", default=None,
+              help="Synthetic workload instead of a trace, e.g. dp:ranks=1024,layers=50,bytes=4MiB (also mp, hybrid, fsdp).")
+@click.option("--algorithm", type=click.Choice(ITERATION_ALGORITHMS), default="ring", show_default=True,
+              help="Iteration: algorithm of every collective no collective plan covers.")
+@click.option("--mode", type=click.Choice(["unaware", "aware"]), default="unaware", show_default=True,
+              help="Iteration: congestion-unaware (messages alone on their links) or aware (shared links, ports, NICs).")
+@click.option("--policy", type=click.Choice(["fifo", "lifo"]), default="fifo", show_default=True,
+              help="Iteration: which ready collective a free channel takes.")
+@click.option("--channels", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Iteration: collectives in flight at once.")
+@click.option("--splits", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Iteration: chunks each collective is cut into.")
+@click.option("--iterations", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Iteration: training iterations chained.")
+@click.option("--dims", "dims_text", default=None, help="Iteration: dimensions of the hierarchical algorithm, e.g. 2x4x4.")
+@click.option("--gantt", "gantt_path", type=click.Path(), default=None, help="Iteration: timeline PNG.")
+@click.option("--exposed-plot", "exposed_path", type=click.Path(), default=None,
+              help="Iteration: exposed vs overlapped communication PNG.")
 @click.option("--size", "size_text", default=None, help="One buffer size (nccl-tests' convention).")
 @click.option("--sizes", "sizes_text", default=None, help="Sizes: LO..HI (x4 steps) or a comma list, e.g. 1KiB..1GiB.")
 @click.option("--plot", "plot_path", type=click.Path(), default=None,
               help="Write a PNG: time vs size (collectives) or memory over the step (memory plans).")
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
-def simulate(files, topology_spec, nodes, chunk_size, time_unit_us, model_path, size_text, sizes_text, plot_path,
+def simulate(files, topology_spec, nodes, chunk_size, time_unit_us, model_path, workload_spec, algorithm, mode, policy,
+             channels, splits, iterations, dims_text, gantt_path, exposed_path, size_text, sizes_text, plot_path,
              as_json) -> None:
-    """Time MSCCL-EF algorithms under the alpha-beta model, or replay memory plans (memory over the step)."""
+    """Simulate a training iteration (--model or --workload, with --topology; plans optional), time MSCCL-EF
+    algorithms under the alpha-beta model, or replay memory plans (memory over the step)."""
     from mlopt.formats.loaders import resolve_topology
     from mlopt.formats.sizes import parse_size, parse_size_range
     from mlopt.sim.report import simulation_rows
 
+    if workload_spec is not None or (model_path is not None and topology_spec is not None):
+        from mlopt.sim.evaluate import EvaluateOptions
+
+        options = EvaluateOptions(algorithm=algorithm, mode=mode, policy=policy, channels=channels, splits=splits,
+                                  iterations=iterations, dims=_parse_dims(dims_text))
+        _simulate_iteration(files, topology_spec, _topology_options(nodes, chunk_size, time_unit_us), model_path,
+                            workload_spec, options, gantt_path, exposed_path, as_json)
+        return
+    if not files:
+        raise click.UsageError("give FILES (MSCCL-EF XML or memory plans), or --model/--workload with --topology")
     if _all_memory_plans(files):
         _simulate_memory(files, model_path, plot_path, as_json)
         return
@@ -406,6 +443,91 @@ def simulate(files, topology_spec, nodes, chunk_size, time_unit_us, model_path, 
     from mlopt.formats.show import stdout_console
 
     stdout_console().print(table)
+
+
+def _parse_dims(text: str | None) -> tuple[int, ...] | None:
+    if text is None:
+        return None
+    try:
+        dims = tuple(int(x) for x in text.lower().split("x"))
+    except ValueError:
+        raise click.BadParameter(f"{text!r}: expected sizes like 2x4x4", param_hint="--dims") from None
+    if not dims or min(dims) < 1:
+        raise click.BadParameter(f"{text!r}: every dimension must be at least 1", param_hint="--dims")
+    return dims
+
+
+def _iteration_workload(model_path: str | None, workload_spec: str | None, iterations: int):
+    """(workload, trace or None, source name) for the iteration simulator."""
+    from mlopt.sim import workload as wl
+
+    if workload_spec is not None:
+        if model_path is not None:
+            raise click.UsageError("give one of --model and --workload")
+        try:
+            spec = wl.parse_workload_spec(workload_spec)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--workload") from None
+        if iterations > 1 and spec.iterations > 1:
+            raise click.UsageError("give the iterations once: in --workload (iterations=N) or as --iterations")
+        return wl.chain(spec, iterations) if iterations > 1 else spec, None, "--workload"
+    from mlopt.formats.loaders import load_trace_any
+
+    trace = load_trace_any(model_path)
+    base = wl.from_trace(trace, source=model_path)
+    return (wl.chain(base, iterations) if iterations > 1 else base), trace, model_path
+
+
+def _simulate_iteration(files, topology_spec, topology_opts, model_path, workload_spec, options, gantt_path,
+                        exposed_path, as_json) -> None:
+    from mlopt.formats.loaders import resolve_topology
+    from mlopt.sim import evaluate as ev
+
+    if topology_spec is None:
+        raise click.UsageError("the iteration simulator needs --topology")
+    topology = resolve_topology(topology_spec, topology_opts)
+    workload, trace, source = _iteration_workload(model_path, workload_spec, options.iterations)
+    xml_paths, memory_paths = ev.classify_plans(files or ())
+    if memory_paths and trace is None:
+        raise click.UsageError("memory plans apply to a trace: give --model TRACE")
+    for path in memory_paths:
+        workload = ev.with_recomputation(workload, ev.memory_recomputation(path, model_path), trace, path)
+    report = ev.evaluate(workload, topology, options, ev.xml_plans(xml_paths), source=source)
+    title = f"{workload.name} on {topology.name}"
+    if gantt_path:
+        from mlopt.sim.training_plots import plot_gantt
+
+        plot_gantt(report, gantt_path, title=title)
+    if exposed_path:
+        from mlopt.sim.training_plots import plot_exposed
+
+        plot_exposed(report, exposed_path, title=title)
+    if as_json:
+        _print_json(ev.summary(report, topology, options, workload))
+        return
+    _print_iteration(report, title)
+
+
+def _print_iteration(report, title: str) -> None:
+    from rich.table import Table
+
+    from mlopt.formats.show import stdout_console
+    from mlopt.formats.sizes import format_size
+
+    console = stdout_console()
+    totals = Table("iteration us", "compute us", "communication us", "overlapped us", "exposed us", title=title)
+    totals.add_row(f"{report.iteration_time_us:.1f}", f"{report.compute_us:.1f}", f"{report.comm_us:.1f}",
+                   f"{report.overlapped_us:.1f}", f"{report.exposed_us:.1f}")
+    console.print(totals)
+    rows = report.collective_rows()
+    if rows:
+        table = Table("collective", "op", "bytes", "ranks", "algorithm", "start us", "end us", "exposed us", "exposed",
+                      title="collectives")
+        for r in rows:
+            table.add_row(r["collective"], r["name"], format_size(r["bytes"]), str(r["group_size"]), r["algorithm"],
+                          f"{r['start_us']:.1f}", f"{r['end_us']:.1f}", f"{r['exposed_us']:.1f}",
+                          f"{r['exposed_share'] * 100:.0f}%")
+        console.print(table)
 
 
 def _all_memory_plans(files: tuple[str, ...]) -> bool:

@@ -11,6 +11,7 @@ go through NICs (`src_nic`, `dst_nic`), each shared by the ranks listed on the N
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -353,7 +354,9 @@ def preset(name: str, num_nodes: int = 1) -> Topology:
     return connect_nodes(full_name, nodes, links, switches, nics, source)
 
 
-def _generated(name: str, n: int, pairs: list[tuple[int, int]], switch: bool = False) -> Topology:
+def _generated(name: str, n: int, pairs: list[tuple[int, int]], switch: bool = False,
+               betas: dict[tuple[int, int], float] | None = None) -> Topology:
+    """Links for `pairs` at the generator's alpha and beta (`betas`: per-pair beta instead, direct links only)."""
     ranks = tuple(range(n))
     switches: tuple[Switch, ...] = ()
     if switch:
@@ -361,7 +364,8 @@ def _generated(name: str, n: int, pairs: list[tuple[int, int]], switch: bool = F
         switches = (sw,)
         links = [Link(a, b, GENERATOR_ALPHA_US, GENERATOR_BETA_US_PER_MB, "switch", 1, switch=sw.name) for a, b in pairs]
     else:
-        links = [Link(a, b, GENERATOR_ALPHA_US, GENERATOR_BETA_US_PER_MB, "nvlink", 1) for a, b in pairs]
+        links = [Link(a, b, GENERATOR_ALPHA_US, GENERATOR_BETA_US_PER_MB if betas is None else betas[(a, b)],
+                      "nvlink", 1) for a, b in pairs]
     links.sort(key=lambda l: (l.src, l.dst))
     source = {"generator": name.split(":")[0], "spec": name}
     return Topology(name, (Node("node0", ranks),), tuple(links), switches, (), source)
@@ -380,11 +384,18 @@ def switched(n: int) -> Topology:
     return _generated(f"switch:{n}", n, [(a, b) for a in range(n) for b in range(n) if a != b], switch=True)
 
 
-def torus(dims: tuple[int, ...]) -> Topology:
-    """Wrap-around neighbours in every dimension; rank = mixed-radix index with the first dim fastest."""
+def torus(dims: tuple[int, ...], bandwidths_GBps: tuple[float, ...] | None = None) -> Topology:
+    """Wrap-around neighbours in every dimension; rank = mixed-radix index with the first dim fastest.
+
+    `bandwidths_GBps`: one link bandwidth per dimension (asymmetric hierarchical fabrics such as ASTRA-sim's
+    fast intra-package dim 0 and slower inter-package dims; spec `torus:4x8@400,50`). None: every link at the
+    generator's beta. Alpha is the generator's either way.
+    """
     n = 1
     for d in dims:
         n *= d
+    if bandwidths_GBps is not None and len(bandwidths_GBps) != len(dims):
+        raise ValueError(f"torus {dims}: {len(bandwidths_GBps)} bandwidths for {len(dims)} dimensions")
 
     def coords(r: int) -> list[int]:
         out = []
@@ -400,7 +411,7 @@ def torus(dims: tuple[int, ...]) -> Topology:
             scale *= d
         return r
 
-    pairs: set[tuple[int, int]] = set()
+    pairs: dict[tuple[int, int], int] = {}  # (src, dst) -> dimension
     for r in range(n):
         c = coords(r)
         for axis, d in enumerate(dims):
@@ -408,8 +419,19 @@ def torus(dims: tuple[int, ...]) -> Topology:
                 nc = list(c)
                 nc[axis] = (c[axis] + step) % d
                 if rank(nc) != r:
-                    pairs.add((r, rank(nc)))
-    return _generated("torus:" + "x".join(map(str, dims)), n, sorted(pairs))
+                    pairs[(r, rank(nc))] = axis
+    name = "torus:" + "x".join(map(str, dims))
+    betas = None
+    if bandwidths_GBps is not None:
+        name += "@" + ",".join(_format_GBps(b) for b in bandwidths_GBps)
+        betas = {pair: beta_from_GBps(bandwidths_GBps[axis]) for pair, axis in pairs.items()}
+    return _generated(name, n, sorted(pairs), betas=betas)
+
+
+def _format_GBps(value: float) -> str:
+    """Shortest text that reads back as the same float (400.0 -> '400', 162.5 -> '162.5')."""
+    text = format(value, "g")
+    return text if float(text) == value else repr(value)
 
 
 def known_names() -> list[str]:
@@ -423,17 +445,37 @@ def _parse_positive(text: str, spec: str, what: str) -> int:
     return int(text)
 
 
+def _parse_GBps(text: str, spec: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (value > 0 and math.isfinite(value)):
+        raise InputError(spec, "topology", f"link bandwidth must be a positive number of GB/s, found {text!r}")
+    return value
+
+
 def from_spec(spec: str) -> Topology:
-    """Resolve a preset (`ndv2`, `dgx2x4`) or generator (`ring:8`, `torus:4x4x2`) name."""
+    """Resolve a preset (`ndv2`, `dgx2x4`) or generator (`ring:8`, `torus:4x4x2`) name.
+
+    A torus may give one link bandwidth in GB/s per dimension after `@`: `torus:4x8@400,50`.
+    """
     if ":" in spec:
         kind, _, arg = spec.partition(":")
         if kind not in GENERATORS:
             raise InputError(spec, "topology", f"unknown generator {kind!r}; known: {', '.join(GENERATORS)}")
         if kind == "torus":
-            dims = tuple(_parse_positive(x, spec, "torus dimension") for x in arg.split("x"))
+            dims_text, at, bw_text = arg.partition("@")
+            dims = tuple(_parse_positive(x, spec, "torus dimension") for x in dims_text.split("x"))
             if len(dims) > 3:
                 raise InputError(spec, "topology", "torus takes at most 3 dimensions (AxBxC)")
-            return torus(dims)
+            if not at:
+                return torus(dims)
+            bandwidths = tuple(_parse_GBps(x, spec) for x in bw_text.split(","))
+            if len(bandwidths) != len(dims):
+                raise InputError(spec, "topology", f"torus with {len(dims)} dimensions takes {len(dims)} link "
+                                 f"bandwidths (GB/s, one per dimension), found {len(bandwidths)}")
+            return torus(dims, bandwidths)
         n = _parse_positive(arg, spec, "rank count")
         if n < 2:
             raise InputError(spec, "topology", "needs at least 2 ranks")

@@ -367,6 +367,26 @@ def run_tasks(tasks: Sequence[Task], capacities: Sequence[float], *, memo_limit:
     return EngineResult(makespan, start, finish, busy, res_bytes, unfinished)
 
 
+def unshared(tasks: Sequence[Task], capacities: Sequence[float]) -> tuple[list[Task], list[float]]:
+    """The congestion-unaware variant of a task set: nothing shares bandwidth.
+
+    Every task with bytes gets a private resource at the lowest capacity among its own resources, the rate it
+    would get alone on an idle network (so a lone task takes the same time either way, and with sharing a task
+    is never faster). Its bytes stay accounted on the shared resources (`account`), which can then show a
+    utilization above 1. Used for ASTRA-sim's congestion-unaware mode (mlopt.sim.collective_algorithms).
+    """
+    caps = list(capacities)
+    out: list[Task] = []
+    for t in tasks:
+        if t.nbytes > 0 and t.resources:
+            caps.append(min(capacities[r] for r in t.resources))
+            out.append(Task(t.delay_us, t.nbytes, (len(caps) - 1,), t.deps, t.release_us,
+                            t.resources if t.account is None else t.account))
+        else:
+            out.append(t)
+    return out, caps
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Topology -> resources
 
@@ -619,11 +639,13 @@ def _normalise_rank_map(rank_map: Sequence[int] | Mapping[int, int] | None, n: i
 
 def simulate_transfers(messages: Sequence[Message], topology: Topology, *,
                        rank_map: Sequence[int] | Mapping[int, int] | None = None,
-                       local_GBps: float | None = DEFAULT_LOCAL_GBPS, timeline: bool = False) -> TransferResult:
+                       local_GBps: float | None = DEFAULT_LOCAL_GBPS, timeline: bool = False,
+                       congestion_aware: bool = True) -> TransferResult:
     """Simulate point-to-point messages with dependencies on a topology (same engine as programs).
 
     Ranks are mapped to topology ranks by `rank_map` (default identity). Raises InputError when a message
     uses a link the topology lacks, ValueError for bad dependencies or a dependency cycle.
+    `congestion_aware=False`: no sharing, every message moves at its lone rate (`unshared`).
     """
     nmax = 1 + max((max(m.src, m.dst) for m in messages), default=-1)
     ranks = _normalise_rank_map(rank_map, nmax, topology, "<messages>")
@@ -650,7 +672,7 @@ def simulate_transfers(messages: Sequence[Message], topology: Topology, *,
         link_bytes[(a, b)] = link_bytes.get((a, b), 0.0) + m.nbytes
         sent += m.nbytes
         nnet += 1
-    res = run_tasks(tasks, model.capacities)
+    res = run_tasks(*((tasks, model.capacities) if congestion_aware else unshared(tasks, model.capacities)))
     if res.unfinished:
         raise ValueError(f"dependency cycle: message {res.unfinished[0]} never runs")
     tl = None
@@ -689,7 +711,8 @@ def simulate_program(program: Program, topology: Topology, buffer_bytes: float, 
                      loop_chunk_bytes: float | None = None,
                      local_GBps: float | None = DEFAULT_LOCAL_GBPS,
                      reduce_GBps: float | None = None,
-                     timeline: bool = False) -> SimResult:
+                     timeline: bool = False,
+                     congestion_aware: bool = True) -> SimResult:
     """Simulate an MSCCL-EF program on a topology for a buffer of `buffer_bytes` per rank.
 
     Sizes (nccl-tests' convention): `buffer_bytes` is the whole output buffer per rank for allgather and
@@ -723,6 +746,9 @@ def simulate_program(program: Program, topology: Topology, buffer_bytes: float, 
     move cnt chunks through the rank's memory at `local_GBps` (shared by concurrent local steps; None:
     free); rrs, rrc, rrcs add cnt chunks / `reduce_GBps` of compute (None, the default: free, as MSCCL
     reduces while the data streams in).
+
+    `congestion_aware=False`: nothing shares bandwidth, every send and local step moves at its lone rate
+    (`unshared`; ASTRA-sim's congestion-unaware mode).
 
     Errors: InputError (exit 2 in the CLI) when the program does not fit the topology (more ranks than
     the topology, a bad rank_map, a send over a link the topology lacks), when sends and receives do not
@@ -870,7 +896,7 @@ def simulate_program(program: Program, topology: Topology, buffer_bytes: float, 
         else:  # r, rrc (reduce compute only), nop
             tasks.append(Task(extra, 0.0, (), tuple(deps)))
         nbytes_of.append(nbytes)
-    res = run_tasks(tasks, model.capacities)
+    res = run_tasks(*((tasks, model.capacities) if congestion_aware else unshared(tasks, model.capacities)))
     if res.unfinished:
         # A dependency cycle. Report the first step a threadblock is blocked on (its predecessor in the
         # threadblock finished, or it is the first) and the stuck steps it waits for.
@@ -903,5 +929,5 @@ def simulate_program(program: Program, topology: Topology, buffer_bytes: float, 
         num_messages=len(timeline_of), bytes_sent=sent, resources=_resource_stats(model, res, time_us),
         link_bytes=link_bytes, timeline=tl,
         params={"local_GBps": local_GBps, "reduce_GBps": reduce_GBps, "loop_chunk_bytes": loop_chunk_bytes,
-                "rank_map": ranks, "sharing": "max-min fair"},
+                "rank_map": ranks, "sharing": "max-min fair" if congestion_aware else "none"},
     )

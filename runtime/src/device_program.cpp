@@ -16,15 +16,6 @@ constexpr size_t kMaxListed = 8;        // threadblocks named in a report before
 
 int64_t round_up(int64_t value, int64_t multiple) { return (value + multiple - 1) / multiple * multiple; }
 
-// Copies of the step's data (into a message and/or a buffer), for bytes_moved; as the CPU backend counts.
-int writes_per_chunk(StepType t) {
-    switch (t) {
-        case StepType::rcs:
-        case StepType::rrcs: return 2;
-        case StepType::nop: return 0;
-        default: return 1;
-    }
-}
 
 Step flatten_step(const mlopt::Step& st, int32_t first_tb_of_rank) {
     Step out{};
@@ -175,7 +166,7 @@ mlopt_run_stats completed_stats(const Program& program, const Layout& layout, si
                     ++stats.steps_executed;
                     if (st.cnt > 0 && step_sends(st.type)) ++stats.messages;
                     stats.bytes_moved +=
-                        int64_t{st.cnt} * len * static_cast<int64_t>(elem_size) * writes_per_chunk(st.type);
+                        int64_t{st.cnt} * len * static_cast<int64_t>(elem_size) * step_copies(st.type);
                 }
             }
         }

@@ -82,15 +82,6 @@ constexpr auto sends = step_sends;
 constexpr auto reads_src = step_reads_src;
 constexpr auto writes_dst = step_writes_dst;
 
-// Copies of the step's data (into a message and/or a buffer), for the bytes_moved counter.
-int writes_per_chunk(StepType t) {
-    switch (t) {
-        case StepType::rcs:
-        case StepType::rrcs: return 2;
-        case StepType::nop: return 0;
-        default: return 1;
-    }
-}
 
 std::string step_label(int32_t rank, int32_t tb, size_t step, StepType type) {
     return "rank " + std::to_string(rank) + " tb " + std::to_string(tb) + " step " + std::to_string(step) + " (" +
@@ -462,7 +453,7 @@ void Engine::complete(TbState& t, const Step& st) {
         workspace_.give(std::move(t.held.payload));  // no-op when forwarded above
         t.holding = false;
     }
-    stats_.bytes_moved += static_cast<int64_t>(elems * elem_size_) * writes_per_chunk(st.type);
+    stats_.bytes_moved += static_cast<int64_t>(elems * elem_size_) * step_copies(st.type);
     ++stats_.steps_executed;
     ++progress_;
     if (st.hasdep && st.type != StepType::nop) {  // the executor never signals nops (symbolic.py)

@@ -52,6 +52,15 @@ bool step_writes_dst(StepType t) {
            t == StepType::re;
 }
 
+int step_copies(StepType type) {
+    switch (type) {
+        case StepType::rcs:
+        case StepType::rrcs: return 2;
+        case StepType::nop: return 0;
+        default: return 1;
+    }
+}
+
 namespace {
 
 // A part of the program by position: gpu g, its tb t, that tb's step s (-1: not that deep).

@@ -52,5 +52,7 @@ bool step_sends(StepType type);       // s rcs rrs rrcs
 bool step_receives(StepType type);    // r rcs rrs rrc rrcs
 bool step_reads_src(StepType type);   // s rrs rrc rrcs cpy re (r and rcs ignore src)
 bool step_writes_dst(StepType type);  // r rcs rrc rrcs cpy re (s and rrs ignore dst)
+// Copies a step makes of its data (into a message and/or a buffer): the run counters' bytes_moved per byte.
+int step_copies(StepType type);        // rcs rrcs: 2, nop: 0, the rest: 1
 
 }  // namespace mlopt

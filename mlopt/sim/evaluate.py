@@ -1,0 +1,188 @@
+"""`mlopt simulate --model trace.json --topology T [PLANS...]`: one training iteration (or several, chained)
+simulated through the three layers, optionally under plans.
+
+* Workload: the trace (`mlopt.sim.workload.from_trace`) or a synthetic spec (`--workload dp:ranks=1024,...`).
+* System: every collective of the workload timed by `mlopt.sim.collective_algorithms.collective_time` with
+  the chosen algorithm (or an MSCCL-EF XML plan whose collective and rank count match), memoised per distinct
+  (collective, bytes, group).
+* Network: `mlopt.sim.network`'s alpha-beta model, congestion-unaware (every message alone on its link) or
+  congestion-aware (messages of one collective share links, ports and NICs fairly).
+
+Plans: an MSCCL-EF XML (collective plan) replaces the algorithm of the collectives it implements; a memory
+plan adds its recomputations as compute before the backward op that needs them (the replay's own per-stage
+times). Workload rank r runs on topology rank r.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Callable
+
+from mlopt.errors import InputError
+
+
+@dataclass(frozen=True)
+class EvaluateOptions:
+    """One field per CLI option of the iteration mode of `mlopt simulate` (mlopt/cli.py), same names."""
+
+    algorithm: str = "ring"  # --algorithm: collective algorithm of every collective no plan covers
+    mode: str = "unaware"  # --mode: unaware (messages alone on their links) | aware (fair sharing within a collective)
+    policy: str = "fifo"  # --policy: fifo | lifo (order of ready collectives on a free channel)
+    channels: int = 1  # --channels: collectives in flight at once
+    splits: int = 1  # --splits: each collective cut into this many chunks that pipeline
+    iterations: int = 1  # --iterations: training iterations chained (cross-iteration overlap shows)
+    dims: tuple[int, ...] | None = None  # --dims: dimensions of the hierarchical algorithm (default: the torus's)
+
+
+@dataclass(frozen=True)
+class XmlPlan:
+    """A collective plan: the algorithm for collectives of `coll` over `ngpus` ranks."""
+
+    path: str
+    coll: str
+    ngpus: int
+
+
+def check_fits(world_size: int, topology, source: str) -> None:
+    """Workload rank r runs on topology rank r: the topology needs world_size ranks."""
+    if world_size > topology.num_ranks:
+        raise InputError(source, "ranks", f"the workload has {world_size} ranks but topology {topology.name!r} has "
+                                          f"{topology.num_ranks}: rank {topology.num_ranks} has no place")
+
+
+def xml_plans(paths: Sequence[str]) -> list[XmlPlan]:
+    from mlopt.formats.msccl_xml import parse_program
+    from mlopt.formats.io import read_bytes
+
+    out = []
+    for path in paths:
+        program = parse_program(read_bytes(path), path)
+        out.append(XmlPlan(path, program.coll, program.ngpus))
+    return out
+
+
+def check_plans_cover_workload(plans: Sequence[XmlPlan], workload) -> None:
+    """A collective plan must implement some collective of the workload (else it names one that is absent)."""
+    present = {(item.collective, len(item.group)) for item in workload.items if item.kind == "comm"}
+    for plan in plans:
+        if (plan.coll, plan.ngpus) not in present:
+            listed = ", ".join(f"{c} over {n}" for c, n in sorted(present)) or "none"
+            raise InputError(plan.path, "coll", f"{plan.coll} over {plan.ngpus} ranks is not a collective of the "
+                                                f"workload (it has: {listed})")
+
+
+def make_timer(topology, options: EvaluateOptions, plans: Sequence[XmlPlan] = ()) -> Callable:
+    """The system layer as the iteration simulator calls it: item -> (duration_us, algorithm label)."""
+    from mlopt.sim.collective_algorithms import collective_time
+
+    by_shape = {(p.coll, p.ngpus): p.path for p in plans}
+
+    def timer(item) -> tuple[float, str]:
+        if len(item.group) <= 1 or item.nbytes <= 0:
+            return 0.0, "none"
+        algorithm = options.algorithm
+        xml = by_shape.get((item.collective, len(item.group)))
+        if xml is not None:
+            algorithm = f"xml:{xml}"
+        try:
+            timing = collective_time(item.collective, algorithm, tuple(item.group), item.nbytes, topology,
+                                     mode=options.mode, dims=options.dims, splits=options.splits)
+        except ValueError as exc:
+            raise InputError(item.name or f"item {item.id}", "algorithm", str(exc)) from None
+        return timing.time_us, timing.algorithm
+
+    return timer
+
+
+def stage_recompute_us(problem, schedule) -> dict[int, float]:
+    """Recomputation time of each backward stage of a memory schedule, keyed by the trace op id of the
+    forward op whose backward the stage runs (the replay charges each recomputed op its implementation's
+    compute_us, mlopt/planners/memory/replay.py)."""
+    out: dict[int, float] = {}
+    for stage in schedule.backward:
+        total = 0.0
+        for i, name in stage.recompute:
+            impls = {impl.name: impl for impl in problem.nodes[i].forward}
+            total += impls[name].compute_us if name in impls else problem.nodes[i].forward[0].compute_us
+        if total > 0:
+            op_id = problem.nodes[stage.node].op_id
+            out[op_id] = out.get(op_id, 0.0) + total
+    return out
+
+
+def with_recomputation(workload, recompute_by_forward_op: dict[int, float], trace, source: str):
+    """The workload with a compute item of each stage's recomputation before the first backward item of that
+    forward op (items keep their ids; the new ones get fresh ids and the backward item depends on them)."""
+    from mlopt.sim.workload import Workload, WorkItem
+
+    backward_of = {op.id: op.forward_op for op in trace.ops if op.forward_op is not None}
+    pending = dict(recompute_by_forward_op)
+    next_id = 1 + max((item.id for item in workload.items), default=-1)
+    items: list = []
+    for item in workload.items:
+        forward = backward_of.get(item.source_op) if item.kind == "compute" else None
+        if forward is not None and forward in pending:
+            extra = WorkItem(next_id, f"recompute for {item.name}", "compute", duration_us=pending.pop(forward),
+                             deps=tuple(d for d in item.deps), iteration=item.iteration, phase="recompute",
+                             layer=item.layer)
+            items.append(extra)
+            item = replace(item, deps=tuple(item.deps) + (next_id,))
+            next_id += 1
+        items.append(item)
+    if pending:
+        op = min(pending)
+        raise InputError(source, "$.payload.schedule", f"recomputes for the backward of op {op}, which has no "
+                                                       f"backward op in the trace")
+    return Workload(workload.name, workload.world_size, tuple(items), carry=workload.carry)
+
+
+def memory_recomputation(plan_path: str, model_path: str) -> dict[int, float]:
+    from mlopt.formats.plan import load_plan
+    from mlopt.planners.memory.validate import replay_plan
+
+    problem, schedule, _ = replay_plan(load_plan(plan_path), plan_path, model_path)
+    return stage_recompute_us(problem, schedule)
+
+
+def classify_plans(paths: Sequence[str]) -> tuple[list[str], list[str]]:
+    """(collective XML plans, memory plans); InputError for plan kinds the simulator cannot apply yet."""
+    from mlopt.formats.loaders import load_any
+
+    xmls, memory = [], []
+    for path in paths:
+        loaded = load_any(path)
+        if loaded.kind == "msccl":
+            xmls.append(path)
+            continue
+        kind = loaded.value.kind if loaded.kind == "plan" else loaded.kind
+        if kind == "memory":
+            memory.append(path)
+        elif kind == "collective":
+            xml = Path(path).with_suffix(".xml")
+            if not xml.exists():
+                raise InputError(path, "kind", f"a collective plan's algorithm is its XML; {xml} is missing")
+            xmls.append(str(xml))
+        else:
+            raise InputError(path, "kind", f"the iteration simulator applies collective and memory plans; {kind!r} "
+                                           f"plans are not supported yet")
+    return xmls, memory
+
+
+def evaluate(workload, topology, options: EvaluateOptions, plans: Sequence[XmlPlan] = (), *, source: str = "workload"):
+    """Simulate `workload` (already chained and with its plans applied) on `topology`."""
+    from mlopt.sim.training import SimOptions, simulate_iteration
+
+    check_fits(workload.world_size, topology, source)
+    check_plans_cover_workload(plans, workload)
+    timer = make_timer(topology, options, plans)
+    return simulate_iteration(workload, timer, SimOptions(policy=options.policy, channels=options.channels,
+                                                          iterations=options.iterations))
+
+
+def summary(report, topology, options: EvaluateOptions, workload) -> dict[str, Any]:
+    """What `--json` prints: the report and what produced it."""
+    return {"workload": workload.name, "world_size": workload.world_size, "topology": topology.name,
+            "options": {k: (list(v) if isinstance(v, tuple) else v) for k, v in options.__dict__.items()},
+            **report.to_dict(), "collectives": report.collective_rows()}
