@@ -376,8 +376,9 @@ def _memory_sweep(ctx, problem, sweep_text, memory_options, options, out_dir, in
               help="Synthetic workload instead of a trace, e.g. dp:ranks=1024,layers=50,bytes=4MiB (also mp, hybrid, fsdp).")
 @click.option("--algorithm", type=click.Choice(ITERATION_ALGORITHMS), default="ring", show_default=True,
               help="Iteration: algorithm of every collective no collective plan covers.")
-@click.option("--mode", type=click.Choice(["unaware", "aware"]), default="unaware", show_default=True,
-              help="Iteration: congestion-unaware (messages alone on their links) or aware (shared links, ports, NICs).")
+@click.option("--mode", type=click.Choice(["unaware", "aware", "fifo"]), default="unaware", show_default=True,
+              help="Iteration: congestion-unaware (messages alone on their links), aware (links, ports and NICs "
+                   "shared fairly) or fifo (aware, one message at a time per link).")
 @click.option("--policy", type=click.Choice(["fifo", "lifo"]), default="fifo", show_default=True,
               help="Iteration: which ready collective a free channel takes.")
 @click.option("--channels", type=click.IntRange(min=1), default=1, show_default=True,

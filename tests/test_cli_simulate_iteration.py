@@ -87,6 +87,9 @@ def test_algorithms_and_modes_change_the_result(run_cli):
     aware = _json(run_cli("simulate", "--workload", spec, "--topology", "torus:4x4", "--json",
                           "--algorithm", "hierarchical", "--mode", "aware"))
     assert aware["iteration_time_us"] >= ring["iteration_time_us"] * (1 - 1e-9)
+    fifo = _json(run_cli("simulate", "--workload", spec, "--topology", "torus:4x4", "--json",
+                         "--algorithm", "hierarchical", "--mode", "fifo"))
+    assert fifo["options"]["mode"] == "fifo" and fifo["iteration_time_us"] >= ring["iteration_time_us"] * (1 - 1e-9)
 
 
 def test_a_collective_plan_replaces_the_algorithm(run_cli, ddp_trace, tmp_path):

@@ -84,7 +84,7 @@ from mlopt.sim.network import Message, simulate_program, simulate_transfers
 ALGORITHMS = ("ring", "bidirectional-ring", "direct", "halving-doubling", "double-binary-tree", "hierarchical",
               "hierarchical-bidirectional")
 HIERARCHICAL = ("hierarchical", "hierarchical-bidirectional")  # the algorithms that take dims
-MODES = ("unaware", "aware")
+MODES = ("unaware", "aware", "fifo")  # no sharing / fair sharing / one message at a time per link
 COLLECTIVES = ("allreduce", "reducescatter", "allgather", "alltoall", "broadcast", "reduce")
 SUPPORTED: Mapping[str, tuple[str, ...]] = MappingProxyType({  # algorithm -> collectives it implements
     "ring": COLLECTIVES,
@@ -870,6 +870,8 @@ def collective_time(collective: str, algorithm: str, ranks: Sequence[int], nbyte
     """Time of one collective on `topology` over the group `ranks` (topology ranks).
 
     mode "aware": `simulate_transfers` on `collective_messages` (fair sharing of links, ports, NICs).
+    mode "fifo": the same, but each link, port and NIC carries one message at a time, first come first served
+    (ASTRA-sim's congestion-aware analytical network; `network.run_tasks_fifo`).
     mode "unaware": every message alone (see the module docstring), fast enough for 1024-rank groups.
     algorithm "xml:PATH": an MSCCL-EF program (see `program_time`); its collective must match.
     hierarchical(-bidirectional) without dims: the dims of a torus topology (the group must be the whole torus).
@@ -900,8 +902,11 @@ def collective_time(collective: str, algorithm: str, ranks: Sequence[int], nbyte
                                         topology)
         return CollectiveTiming(time_us, name, count, sent)
     res = simulate_transfers(collective_messages(collective, algorithm, ranks, nbytes, dims=dims, splits=splits),
-                             topology)
+                             topology, sharing=_SHARING[mode])
     return CollectiveTiming(res.time_us, name, res.num_messages, res.bytes_sent)
+
+
+_SHARING = {"unaware": "fair", "aware": "fair", "fifo": "fifo"}  # engine of each mode (unaware: no sharing)
 
 
 class _TopologyKey:
@@ -950,7 +955,7 @@ def program_time(program: Program, topology: Topology, nbytes: float, mode: str 
     if ranks is not None and len(ranks) != program.ngpus:
         raise ValueError(f"{program.name or '<program>'}: {program.ngpus} ranks but a group of {len(ranks)}")
     res = simulate_program(program, topology, nbytes, rank_map=None if ranks is None else list(ranks),
-                           congestion_aware=mode == "aware")
+                           congestion_aware=mode != "unaware", sharing=_SHARING[mode])
     return CollectiveTiming(res.time_us, f"xml:{program.name}", res.num_messages, res.bytes_sent)
 
 
@@ -963,8 +968,8 @@ def transfer_time(messages: Sequence[Message], topology: Topology, mode: str = "
     """
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; known: {', '.join(MODES)}")
-    if mode == "aware":
-        return simulate_transfers(messages, topology).time_us
+    if mode != "unaware":
+        return simulate_transfers(messages, topology, sharing=_SHARING[mode]).time_us
     from mlopt.sim.network import DEFAULT_LOCAL_GBPS
 
     if not messages:

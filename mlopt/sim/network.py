@@ -367,6 +367,65 @@ def run_tasks(tasks: Sequence[Task], capacities: Sequence[float], *, memo_limit:
     return EngineResult(makespan, start, finish, busy, res_bytes, unfinished)
 
 
+def run_tasks_fifo(tasks: Sequence[Task], capacities: Sequence[float]) -> EngineResult:
+    """The FIFO-per-link variant of `run_tasks` (ASTRA-sim's congestion-aware analytical network): a task's
+    bytes hold every resource it crosses, one task at a time per resource, in the order the tasks asked for
+    them (the end of their delay; ties by index), at the lowest capacity among those resources (cut-through:
+    the whole route at once, no store-and-forward per hop). Deterministic.
+
+    Requests are served in time order: a task's request time depends only on tasks that finished before it,
+    so when the earliest outstanding request is served every request before it on its resources is known.
+    """
+    n = len(tasks)
+    for r, cap in enumerate(capacities):
+        if not cap > 0:
+            raise ValueError(f"resource {r} has capacity {cap}; capacities must be > 0")
+    dependents: list[list[int]] = [[] for _ in range(n)]
+    missing = [0] * n
+    for i, t in enumerate(tasks):
+        if t.delay_us < 0 or t.nbytes < 0 or math.isnan(t.delay_us) or math.isnan(t.nbytes):
+            raise ValueError(f"task {i}: delay and bytes must be >= 0")
+        for d in t.deps:
+            if not 0 <= d < n or d == i:
+                raise ValueError(f"task {i}: bad dependency {d}")
+            dependents[d].append(i)
+        missing[i] = len(t.deps)
+    start = [math.nan] * n
+    finish = [math.nan] * n
+    free_at = [0.0] * len(capacities)
+    busy = [0.0] * len(capacities)
+    carried = [0.0] * len(capacities)
+    ready_at = [0.0] * n
+    requests: list[tuple[float, int]] = []
+    for i, t in enumerate(tasks):
+        if missing[i] == 0:
+            start[i] = max(0.0, t.release_us)
+            heapq.heappush(requests, (start[i] + t.delay_us, i))
+    while requests:
+        asked, i = heapq.heappop(requests)
+        t = tasks[i]
+        if t.nbytes > 0 and t.resources:
+            begin = max([asked] + [free_at[r] for r in t.resources])
+            end = begin + t.nbytes / min(capacities[r] for r in t.resources)
+            for r in t.resources:
+                free_at[r] = end
+            for r in (t.resources if t.account is None else t.account):
+                busy[r] += end - begin
+                carried[r] += t.nbytes
+        else:
+            end = asked
+        finish[i] = end
+        for j in dependents[i]:
+            ready_at[j] = max(ready_at[j], end)
+            missing[j] -= 1
+            if missing[j] == 0:
+                start[j] = max(ready_at[j], tasks[j].release_us)
+                heapq.heappush(requests, (start[j] + tasks[j].delay_us, j))
+    unfinished = [i for i in range(n) if math.isnan(finish[i])]
+    makespan = max((f for f in finish if not math.isnan(f)), default=0.0)
+    return EngineResult(makespan, start, finish, busy, carried, unfinished)
+
+
 def unshared(tasks: Sequence[Task], capacities: Sequence[float]) -> tuple[list[Task], list[float]]:
     """The congestion-unaware variant of a task set: nothing shares bandwidth.
 
@@ -385,6 +444,15 @@ def unshared(tasks: Sequence[Task], capacities: Sequence[float]) -> tuple[list[T
         else:
             out.append(t)
     return out, caps
+
+
+def _engine(tasks: Sequence[Task], capacities: Sequence[float], congestion_aware: bool, sharing: str) -> EngineResult:
+    """The engine a front end's options ask for: fair sharing, FIFO per resource, or no sharing."""
+    if sharing not in ("fair", "fifo"):
+        raise ValueError(f"sharing {sharing!r} is not fair or fifo")
+    if not congestion_aware:
+        return run_tasks(*unshared(tasks, capacities))
+    return run_tasks_fifo(tasks, capacities) if sharing == "fifo" else run_tasks(tasks, capacities)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -640,12 +708,14 @@ def _normalise_rank_map(rank_map: Sequence[int] | Mapping[int, int] | None, n: i
 def simulate_transfers(messages: Sequence[Message], topology: Topology, *,
                        rank_map: Sequence[int] | Mapping[int, int] | None = None,
                        local_GBps: float | None = DEFAULT_LOCAL_GBPS, timeline: bool = False,
-                       congestion_aware: bool = True) -> TransferResult:
+                       congestion_aware: bool = True, sharing: str = "fair") -> TransferResult:
     """Simulate point-to-point messages with dependencies on a topology (same engine as programs).
 
     Ranks are mapped to topology ranks by `rank_map` (default identity). Raises InputError when a message
     uses a link the topology lacks, ValueError for bad dependencies or a dependency cycle.
     `congestion_aware=False`: no sharing, every message moves at its lone rate (`unshared`).
+    `sharing="fifo"` (congestion-aware only): one message at a time per link, port and NIC, first come first
+    served (`run_tasks_fifo`), instead of max-min fair sharing.
     """
     nmax = 1 + max((max(m.src, m.dst) for m in messages), default=-1)
     ranks = _normalise_rank_map(rank_map, nmax, topology, "<messages>")
@@ -672,7 +742,7 @@ def simulate_transfers(messages: Sequence[Message], topology: Topology, *,
         link_bytes[(a, b)] = link_bytes.get((a, b), 0.0) + m.nbytes
         sent += m.nbytes
         nnet += 1
-    res = run_tasks(*((tasks, model.capacities) if congestion_aware else unshared(tasks, model.capacities)))
+    res = _engine(tasks, model.capacities, congestion_aware, sharing)
     if res.unfinished:
         raise ValueError(f"dependency cycle: message {res.unfinished[0]} never runs")
     tl = None
@@ -712,7 +782,7 @@ def simulate_program(program: Program, topology: Topology, buffer_bytes: float, 
                      local_GBps: float | None = DEFAULT_LOCAL_GBPS,
                      reduce_GBps: float | None = None,
                      timeline: bool = False,
-                     congestion_aware: bool = True) -> SimResult:
+                     congestion_aware: bool = True, sharing: str = "fair") -> SimResult:
     """Simulate an MSCCL-EF program on a topology for a buffer of `buffer_bytes` per rank.
 
     Sizes (nccl-tests' convention): `buffer_bytes` is the whole output buffer per rank for allgather and
@@ -748,7 +818,8 @@ def simulate_program(program: Program, topology: Topology, buffer_bytes: float, 
     reduces while the data streams in).
 
     `congestion_aware=False`: nothing shares bandwidth, every send and local step moves at its lone rate
-    (`unshared`; ASTRA-sim's congestion-unaware mode).
+    (`unshared`; ASTRA-sim's congestion-unaware mode). `sharing="fifo"`: one transfer at a time per resource,
+    first come first served (`run_tasks_fifo`).
 
     Errors: InputError (exit 2 in the CLI) when the program does not fit the topology (more ranks than
     the topology, a bad rank_map, a send over a link the topology lacks), when sends and receives do not
@@ -896,7 +967,7 @@ def simulate_program(program: Program, topology: Topology, buffer_bytes: float, 
         else:  # r, rrc (reduce compute only), nop
             tasks.append(Task(extra, 0.0, (), tuple(deps)))
         nbytes_of.append(nbytes)
-    res = run_tasks(*((tasks, model.capacities) if congestion_aware else unshared(tasks, model.capacities)))
+    res = _engine(tasks, model.capacities, congestion_aware, sharing)
     if res.unfinished:
         # A dependency cycle. Report the first step a threadblock is blocked on (its predecessor in the
         # threadblock finished, or it is the first) and the stuck steps it waits for.
