@@ -522,10 +522,11 @@ def _print_iteration(report, title: str) -> None:
     console.print(totals)
     rows = report.collective_rows()
     if rows:
-        table = Table("collective", "op", "bytes", "ranks", "algorithm", "start us", "end us", "exposed us", "exposed",
-                      title="collectives")
+        table = Table("iteration", "collective", "op", "bytes", "ranks", "algorithm", "start us", "end us",
+                      "exposed us", "exposed", title="collectives")
         for r in rows:
-            table.add_row(r["collective"], r["name"], format_size(r["bytes"]), str(r["group_size"]), r["algorithm"],
+            table.add_row(str(r["iteration"]), r["collective"], r["name"], format_size(r["bytes"]), str(r["group_size"]),
+                          r["algorithm"],
                           f"{r['start_us']:.1f}", f"{r['end_us']:.1f}", f"{r['exposed_us']:.1f}",
                           f"{r['exposed_share'] * 100:.0f}%")
         console.print(table)

@@ -154,3 +154,17 @@ def test_cli_algorithm_choices_are_the_system_layers():
     from mlopt.sim.collective_algorithms import ALGORITHMS
 
     assert sorted(ITERATION_ALGORITHMS) == sorted(ALGORITHMS)
+
+
+def test_the_plans_of_mlopt_plan_model_by_their_index(run_cli, ddp_trace, tmp_path):
+    """README's main job: every plan `mlopt plan --model` wrote, through its index; each collective runs the
+    plan synthesised for its own size, the memory plan's recomputation (none here) is added."""
+    out = tmp_path / "plans"
+    planned = run_cli("plan", "--model", ddp_trace, "--topology", "fully-connected:2", "-o", out)
+    assert planned.code == 0, planned.err
+    report = _json(run_cli("simulate", out / "index.json", "--model", ddp_trace, "--topology", "fully-connected:2",
+                           "--json"))
+    for row in report["collectives"]:
+        assert row["algorithm"].startswith("xml:") and row["algorithm"].endswith(".xml")
+        sidecar = json.loads(Path(row["algorithm"][4:]).with_suffix(".json").read_text())
+        assert sidecar["payload"]["size_bytes"] == row["bytes"]

@@ -15,6 +15,7 @@ times). Workload rank r runs on topology rank r.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -38,11 +39,13 @@ class EvaluateOptions:
 
 @dataclass(frozen=True)
 class XmlPlan:
-    """A collective plan: the algorithm for collectives of `coll` over `ngpus` ranks."""
+    """A collective plan: the algorithm for collectives of `coll` over `ngpus` ranks, synthesised for
+    `size_bytes` (from its JSON sidecar; None when there is none)."""
 
     path: str
     coll: str
     ngpus: int
+    size_bytes: int | None = None
 
 
 def check_fits(world_size: int, topology, source: str) -> None:
@@ -52,15 +55,41 @@ def check_fits(world_size: int, topology, source: str) -> None:
                                           f"{topology.num_ranks}: rank {topology.num_ranks} has no place")
 
 
+def _sidecar_size(xml_path: str) -> int | None:
+    """The size the collective planner synthesised the XML for, from the JSON plan beside it."""
+    sidecar = Path(xml_path).with_suffix(".json")
+    if not sidecar.exists():
+        return None
+    from mlopt.formats.plan import load_plan
+
+    size = load_plan(str(sidecar)).payload.get("size_bytes")
+    return int(size) if isinstance(size, (int, float)) else None
+
+
 def xml_plans(paths: Sequence[str]) -> list[XmlPlan]:
-    from mlopt.formats.msccl_xml import parse_program
     from mlopt.formats.io import read_bytes
+    from mlopt.formats.msccl_xml import parse_program
 
     out = []
     for path in paths:
         program = parse_program(read_bytes(path), path)
-        out.append(XmlPlan(path, program.coll, program.ngpus))
+        out.append(XmlPlan(path, program.coll, program.ngpus, _sidecar_size(path)))
     return out
+
+
+def plan_for(plans: Sequence[XmlPlan], collective: str, ngpus: int, nbytes: int) -> XmlPlan | None:
+    """The collective plan for a collective: of its kind and rank count, synthesised for its size or, failing
+    that, for the nearest size (ratio), then the first given."""
+    fitting = [p for p in plans if p.coll == collective and p.ngpus == ngpus]
+    if not fitting:
+        return None
+
+    def distance(p: XmlPlan) -> float:
+        if p.size_bytes is None or p.size_bytes <= 0 or nbytes <= 0:
+            return math.inf
+        return abs(math.log(p.size_bytes / nbytes))
+
+    return min(fitting, key=lambda p: (distance(p), fitting.index(p)))
 
 
 def check_plans_cover_workload(plans: Sequence[XmlPlan], workload) -> None:
@@ -77,15 +106,13 @@ def make_timer(topology, options: EvaluateOptions, plans: Sequence[XmlPlan] = ()
     """The system layer as the iteration simulator calls it: item -> (duration_us, algorithm label)."""
     from mlopt.sim.collective_algorithms import collective_time
 
-    by_shape = {(p.coll, p.ngpus): p.path for p in plans}
-
     def timer(item) -> tuple[float, str]:
         if len(item.group) <= 1 or item.nbytes <= 0:
             return 0.0, "none"
         algorithm = options.algorithm
-        xml = by_shape.get((item.collective, len(item.group)))
-        if xml is not None:
-            algorithm = f"xml:{xml}"
+        plan = plan_for(plans, item.collective, len(item.group), item.nbytes)
+        if plan is not None:
+            algorithm = f"xml:{plan.path}"
         try:
             timing = collective_time(item.collective, algorithm, tuple(item.group), item.nbytes, topology,
                                      mode=options.mode, dims=options.dims, splits=options.splits)
@@ -146,15 +173,28 @@ def memory_recomputation(plan_path: str, model_path: str) -> dict[int, float]:
     return stage_recompute_us(problem, schedule)
 
 
+def _index_entries(index_path: str, index) -> list[str]:
+    """The plan files a plan index (`mlopt plan --model -o DIR`'s index.json) lists, beside it."""
+    folder = Path(index_path).parent
+    entries = index.plans if hasattr(index, "plans") else index.get("plans", [])
+    return [str(folder / (e.file if hasattr(e, "file") else e["file"])) for e in entries]
+
+
 def classify_plans(paths: Sequence[str]) -> tuple[list[str], list[str]]:
-    """(collective XML plans, memory plans); InputError for plan kinds the simulator cannot apply yet."""
+    """(collective XML plans, memory plans); a plan index stands for the plans it lists. InputError for plan
+    kinds the simulator cannot apply yet."""
     from mlopt.formats.loaders import load_any
 
     xmls, memory = [], []
-    for path in paths:
+    pending = list(paths)
+    while pending:
+        path = pending.pop(0)
         loaded = load_any(path)
         if loaded.kind == "msccl":
             xmls.append(path)
+            continue
+        if loaded.kind == "plan-index":
+            pending = _index_entries(path, loaded.value) + pending
             continue
         kind = loaded.value.kind if loaded.kind == "plan" else loaded.kind
         if kind == "memory":
