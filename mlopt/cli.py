@@ -74,13 +74,28 @@ def planner_options(func: Callable, output_required: bool = True) -> Callable:
     return func
 
 
+def solverless_planner_options(func: Callable) -> Callable:
+    """The shared knobs of a planner without a MILP (its own algorithm is exact or heuristic): output, seed,
+    wall time, JSON; the solver knobs stay at PlannerOptions' defaults."""
+    decorators = [
+        click.option("-o", "--output", required=True, type=click.Path(), help="Where to write the plan."),
+        click.option("--seed", type=int, default=0, show_default=True, help="Heuristic seed."),
+        click.option("--record-wall-time", is_flag=True, help="Record the wall time in the plan (breaks byte-identity)."),
+        click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary on stdout."),
+    ]
+    for decorator in reversed(decorators):
+        func = decorator(func)
+    return func
+
+
 def _planner_options_from(kwargs: dict[str, Any]):
     from mlopt.planners.options import PlannerOptions
 
+    defaults = PlannerOptions()
     return PlannerOptions(
-        solver=kwargs["solver"], time_limit_s=kwargs["time_limit_s"], mip_gap=kwargs["mip_gap"],
-        threads=kwargs["threads"], seed=kwargs["seed"], dump_model=kwargs["dump_model"],
-        record_wall_time=kwargs["record_wall_time"],
+        solver=kwargs.get("solver", defaults.solver), time_limit_s=kwargs.get("time_limit_s", defaults.time_limit_s),
+        mip_gap=kwargs.get("mip_gap", defaults.mip_gap), threads=kwargs.get("threads", defaults.threads),
+        seed=kwargs["seed"], dump_model=kwargs.get("dump_model"), record_wall_time=kwargs["record_wall_time"],
     )
 
 
@@ -287,6 +302,59 @@ def plan_collective_cmd(ctx: click.Context, topology_spec, nodes, chunk_size, ti
               f"({result.plan.status.value}); wrote {xml_path} and {sidecar}")
 
 
+@plan.command("threads")
+@click.option("--model", "model_path", required=True, help="Trace to plan for (mlopt trace or PyTorch ET).")
+@click.option("--nodes", type=click.IntRange(min=1), required=True, help="Data-parallel workers (N).")
+@click.option("--contention", "contention_path", default=None,
+              help="Samples from `mlopt profile contention` to fit the contention model (default: documented "
+                   "defaults).")
+@click.option("--threads", "threads_text", default="128,256,512,1024,2048,4096", show_default=True,
+              help="Communication thread counts to choose from (R).")
+@click.option("--max-groups", type=click.IntRange(min=1), default=10, show_default=True, help="Most fusion groups (K).")
+@click.option("--chunks", type=click.IntRange(min=1), default=150, show_default=True,
+              help="Computation chunks of the DP grid (Z); the plan is within 1 + (K-1)/Z of the best.")
+@click.option("--algorithm", type=click.Choice(["libra", "libra-m", "ddp", "horovod", "mg-wfbp", "single"]),
+              default="libra", show_default=True,
+              help="libra: fusion and threads co-optimised; libra-m: threads only on MG-WFBP's fusion; the rest "
+                   "are fusion baselines at --default-threads.")
+@click.option("--alpha-us", type=click.FloatRange(min=0), default=5.0, show_default=True,
+              help="Per-step latency of the all-reduce (ring: a = 2(N-1) alpha).")
+@click.option("--allreduce", type=click.Choice(["ring", "tree", "halving_doubling"]), default="ring",
+              show_default=True, help="All-reduce cost model (eq. 3-4).")
+@click.option("--default-threads", type=click.IntRange(min=1), default=512, show_default=True,
+              help="Threads of the baselines that do not choose them (NCCL_NTHREADS).")
+@solverless_planner_options
+@click.pass_context
+def plan_threads_cmd(ctx: click.Context, model_path, nodes, contention_path, threads_text, max_groups, chunks,
+                     algorithm, alpha_us, allreduce, default_threads, **kwargs) -> None:
+    """Communication threads per fusion group (LIBRA); -o threads.plan.json (+ .nccl-tuner.csv beside it)."""
+    from mlopt.formats.loaders import load_trace_any
+    from mlopt.planners.threads.from_trace import plan_to_files, tuner_file_for
+    from mlopt.planners.threads.planner import ThreadsOptions
+
+    try:
+        thread_set = tuple(int(x) for x in threads_text.split(",") if x.strip())
+    except ValueError:
+        raise click.BadParameter(f"{threads_text!r}: expected thread counts like 128,256,512",
+                                 param_hint="--threads") from None
+    if not thread_set:
+        raise click.BadParameter("the thread set is empty", param_hint="--threads")
+    options = ThreadsOptions(nodes, algorithm, thread_set, max_groups, chunks, alpha_us, allreduce, default_threads)
+    planner_options = _planner_options_from(kwargs)
+    inputs = {"model": model_path, "contention": contention_path}
+    with _progress(ctx, f"planning threads for {model_path}"):
+        plan = plan_to_files(load_trace_any(model_path), model_path, options, planner_options, kwargs["output"],
+                             inputs, contention_path)
+    if kwargs.get("as_json"):
+        _print_json({**plan.summary(), "file": kwargs["output"]})
+        return
+    payload = plan.payload
+    baseline = ", ".join(f"{k} {v:.0f}" for k, v in payload["baselines"].items())
+    _say(ctx, f"threads: {len(payload['groups'])} groups, backward {plan.objective:.0f} us "
+              f"({plan.status.value}); baselines (us): {baseline}; wrote {kwargs['output']} and "
+              f"{tuner_file_for(kwargs['output'])}")
+
+
 @plan.command("memory")
 @click.option("--model", "model_path", required=True, help="Trace to plan for (mlopt trace or PyTorch ET).")
 @click.option("--budget", "budget_text", default=None, help="Memory budget, e.g. 6GiB (tensors + workspace).")
@@ -488,7 +556,9 @@ def _simulate_iteration(files, topology_spec, topology_opts, model_path, workloa
         raise click.UsageError("the iteration simulator needs --topology")
     topology = resolve_topology(topology_spec, topology_opts)
     workload, trace, source = _iteration_workload(model_path, workload_spec, options.iterations)
-    xml_paths, memory_paths = ev.classify_plans(files or ())
+    xml_paths, memory_paths, left_out = ev.classify_plans(files or ())
+    for entry in left_out:
+        click.echo(f"mlopt: warning: {entry}: not applied (the iteration simulator does not model it yet)", err=True)
     if memory_paths and trace is None:
         raise click.UsageError("memory plans apply to a trace: give --model TRACE")
     for path in memory_paths:

@@ -93,6 +93,7 @@ def test_umbrella_plan_writes_index_and_reports_skips(run_cli, trace_file, tmp_p
     assert json.loads((out / "index.json").read_text()) == index
     assert index["format"] == "mlopt.plan-index" and set(index["inputs"]) == {"model", "topology"}
     # small_trace's backward pairs with its forward: memory plans; its 2-rank allreduce does not fit ndv2x2
+    # small_trace has no measured backward times: no thread plan either
     assert [p["kind"] for p in index["plans"]] == ["memory"]
     assert [s["kind"] for s in index["skipped"]] == ["collective", "threads", "schedule"]
     again = run_cli("validate", out / "index.json")
@@ -193,9 +194,9 @@ def test_plan_of_unknown_kind_fails_validation(run_cli, tmp_path):
     from test_formats import sample_plan
     from mlopt.formats.plan import save_plan
 
-    save_plan(replace(sample_plan(), kind="threads"), tmp_path / "p.json")
+    save_plan(replace(sample_plan(), kind="schedule"), tmp_path / "p.json")
     result = run_cli("validate", tmp_path / "p.json")
-    assert result.code == 2 and "$.kind: no validator for plan kind 'threads'" in result.err
+    assert result.code == 2 and "$.kind: no validator for plan kind 'schedule'" in result.err
 
 
 def test_solvers_check_reports_the_embedded_default(run_cli):
@@ -218,13 +219,13 @@ def test_trace_imports_the_example_and_plan_uses_it(run_cli, tmp_path):
     plans = run_cli("plan", "--model", out, "--topology", "fully-connected:2", "-o", tmp_path / "plans", "--json")
     assert plans.code == 0
     index = json.loads(plans.out)
-    # DDP's two gradient buckets and its two bucket-rebuild broadcasts, each planned as MSCCL-EF XML
-    # the memory plan, then DDP's two gradient buckets and its two bucket-rebuild broadcasts as MSCCL-EF XML
+    # the memory plan, DDP's two gradient buckets and its two bucket-rebuild broadcasts as MSCCL-EF XML, and
+    # the thread plan (fusion groups and communication threads)
     assert sorted(p["file"] for p in index["plans"]) == [
         "collective-allreduce-1028KiB.json", "collective-allreduce-4460800B.json",
-        "collective-broadcast-28B.json", "collective-broadcast-8B.json", "memory.plan.json"]
+        "collective-broadcast-28B.json", "collective-broadcast-8B.json", "memory.plan.json", "threads.plan.json"]
     checked = run_cli("validate", *sorted((tmp_path / "plans").glob("*.json")), "--model", out, "--json")
-    assert checked.code == 0 and len(json.loads(checked.out)) == 6
+    assert checked.code == 0 and len(json.loads(checked.out)) == 7
 
 
 def test_trace_rank_option_overrides(run_cli, tmp_path):

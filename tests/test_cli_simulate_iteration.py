@@ -162,8 +162,9 @@ def test_the_plans_of_mlopt_plan_model_by_their_index(run_cli, ddp_trace, tmp_pa
     out = tmp_path / "plans"
     planned = run_cli("plan", "--model", ddp_trace, "--topology", "fully-connected:2", "-o", out)
     assert planned.code == 0, planned.err
-    report = _json(run_cli("simulate", out / "index.json", "--model", ddp_trace, "--topology", "fully-connected:2",
-                           "--json"))
+    result = run_cli("simulate", out / "index.json", "--model", ddp_trace, "--topology", "fully-connected:2", "--json")
+    assert "threads.plan.json (threads): not applied" in result.err
+    report = _json(result)
     for row in report["collectives"]:
         assert row["algorithm"].startswith("xml:") and row["algorithm"].endswith(".xml")
         sidecar = json.loads(Path(row["algorithm"][4:]).with_suffix(".json").read_text())

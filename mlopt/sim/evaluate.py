@@ -180,23 +180,30 @@ def _index_entries(index_path: str, index) -> list[str]:
     return [str(folder / (e.file if hasattr(e, "file") else e["file"])) for e in entries]
 
 
-def classify_plans(paths: Sequence[str]) -> tuple[list[str], list[str]]:
-    """(collective XML plans, memory plans); a plan index stands for the plans it lists. InputError for plan
-    kinds the simulator cannot apply yet."""
+APPLIED_KINDS = ("collective", "memory")
+
+
+def classify_plans(paths: Sequence[str]) -> tuple[list[str], list[str], list[str]]:
+    """(collective XML plans, memory plans, plans of an index left out); a plan index stands for the plans it
+    lists, of which those the simulator cannot apply yet are left out (named in the third list). A plan named
+    on the command line that it cannot apply is an InputError."""
     from mlopt.formats.loaders import load_any
 
-    xmls, memory = [], []
-    pending = list(paths)
+    xmls, memory, left_out = [], [], []
+    pending = [(p, False) for p in paths]
     while pending:
-        path = pending.pop(0)
+        path, from_index = pending.pop(0)
         loaded = load_any(path)
         if loaded.kind == "msccl":
             xmls.append(path)
             continue
         if loaded.kind == "plan-index":
-            pending = _index_entries(path, loaded.value) + pending
+            pending = [(p, True) for p in _index_entries(path, loaded.value)] + pending
             continue
         kind = loaded.value.kind if loaded.kind == "plan" else loaded.kind
+        if from_index and kind not in APPLIED_KINDS:
+            left_out.append(f"{path} ({kind})")
+            continue
         if kind == "memory":
             memory.append(path)
         elif kind == "collective":
@@ -207,7 +214,7 @@ def classify_plans(paths: Sequence[str]) -> tuple[list[str], list[str]]:
         else:
             raise InputError(path, "kind", f"the iteration simulator applies collective and memory plans; {kind!r} "
                                            f"plans are not supported yet")
-    return xmls, memory
+    return xmls, memory, left_out
 
 
 def evaluate(workload, topology, options: EvaluateOptions, plans: Sequence[XmlPlan] = (), *, source: str = "workload"):

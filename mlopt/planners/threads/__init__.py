@@ -1,0 +1,1 @@
+"""Contention-aware communication thread allocation co-optimised with tensor fusion (LIBRA, Liu et al.)."""

@@ -1,0 +1,71 @@
+"""The threads planner from a trace: `mlopt plan threads` and its entry in `mlopt plan --model`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from mlopt.errors import InputError
+from mlopt.formats.io import atomic_write_text, write_json
+from mlopt.formats.topology import Topology
+from mlopt.formats.trace import ModelTrace
+from mlopt.planners import WrittenPlan
+from mlopt.planners.options import PlannerOptions
+from mlopt.planners.threads.build import layers_from_trace
+from mlopt.planners.threads.planner import ThreadsOptions, make_problem, plan_threads
+
+PLAN_FILE = "threads.plan.json"
+
+
+def contention_from(path: str | None) -> tuple[dict[str, float], dict[str, Any]]:
+    """(parameters, provenance of the contention model): fitted from `mlopt profile contention` samples, or
+    the documented defaults."""
+    from mlopt.planners.threads import contention
+
+    if path is None:
+        params = dict(contention.DEFAULT_PARAMETERS)
+        return params, {"source": "default", "parameters": params, "fit": None}
+    result = contention.fit(contention.load_samples(path), path)
+    params = dict(result.parameters)
+    return params, {"source": path, "parameters": params, "fit": result.to_dict()}
+
+
+def tuner_file_for(plan_path: str | Path) -> Path:
+    """`threads.plan.json` -> `threads.plan.nccl-tuner.csv` beside it."""
+    path = Path(plan_path)
+    stem = path.name[:-5] if path.name.endswith(".json") else path.name
+    return path.with_name(f"{stem}.nccl-tuner.csv")
+
+
+def plan_to_files(trace: ModelTrace, source: str, options: ThreadsOptions, planner_options: PlannerOptions,
+                  output: str | Path, inputs: dict[str, Any], contention_path: str | None = None):
+    """Plan and write the plan and its tuner CSV (atomically); returns the Plan."""
+    params, contention = contention_from(contention_path)
+    try:
+        problem = make_problem(layers_from_trace(trace, source), options, params)
+    except ValueError as exc:
+        raise InputError(contention_path or source, "threads", str(exc)) from None
+    csv_path = tuner_file_for(output)
+    plan, csv = plan_threads(problem, options, planner_options, inputs, contention, csv_path.name)
+    atomic_write_text(csv_path, csv)
+    write_json(output, plan.to_dict(planner_options.record_wall_time))
+    return plan
+
+
+def why_not(trace: ModelTrace, topology: Topology | None) -> str | None:
+    backward = [op for op in trace.ops if op.role == "backward"]
+    if not backward:
+        return "the trace has no backward pass"
+    if any(op.compute_us is None for op in backward):
+        return "the trace's backward ops have no measured compute times (import Kineto or profile operators)"
+    if max(trace.world_size, topology.num_ranks if topology else 1) < 2:
+        return "needs more than one data-parallel rank (a multi-rank trace or --topology)"
+    return None
+
+
+def run(trace: ModelTrace, topology: Topology | None, options: PlannerOptions, out_dir: Path,
+        inputs: dict[str, Any]) -> list[WrittenPlan]:
+    nodes = topology.num_ranks if topology is not None else trace.world_size
+    plan = plan_to_files(trace, inputs.get("model") or "trace", ThreadsOptions(nodes=nodes), options,
+                         out_dir / PLAN_FILE, inputs)
+    return [WrittenPlan(PLAN_FILE, plan)]
