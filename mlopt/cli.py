@@ -556,14 +556,20 @@ def _simulate_iteration(files, topology_spec, topology_opts, model_path, workloa
         raise click.UsageError("the iteration simulator needs --topology")
     topology = resolve_topology(topology_spec, topology_opts)
     workload, trace, source = _iteration_workload(model_path, workload_spec, options.iterations)
-    xml_paths, memory_paths, left_out = ev.classify_plans(files or ())
-    for entry in left_out:
+    plans = ev.classify_plans(files or ())
+    for entry in plans.left_out:
         click.echo(f"mlopt: warning: {entry}: not applied (the iteration simulator does not model it yet)", err=True)
-    if memory_paths and trace is None:
-        raise click.UsageError("memory plans apply to a trace: give --model TRACE")
-    for path in memory_paths:
+    if (plans.memory or plans.threads) and trace is None:
+        raise click.UsageError("memory and thread plans apply to a trace: give --model TRACE")
+    if len(plans.threads) > 1:
+        raise click.UsageError("give at most one thread plan")
+    for path in plans.threads:
+        from mlopt.formats.plan import load_plan
+
+        workload = ev.with_thread_plan(workload, load_plan(path).payload, trace, path)
+    for path in plans.memory:
         workload = ev.with_recomputation(workload, ev.memory_recomputation(path, model_path), trace, path)
-    report = ev.evaluate(workload, topology, options, ev.xml_plans(xml_paths), source=source)
+    report = ev.evaluate(workload, topology, options, ev.xml_plans(plans.xmls), source=source)
     title = f"{workload.name} on {topology.name}"
     if gantt_path:
         from mlopt.sim.training_plots import plot_gantt

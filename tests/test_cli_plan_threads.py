@@ -104,9 +104,14 @@ def test_the_umbrella_command_writes_a_thread_plan(run_cli, trace, tmp_path):
     index = json.loads((out / "index.json").read_text())
     assert any(p["kind"] == "threads" and p["file"] == "threads.plan.json" for p in index["plans"])
     assert (out / "threads.plan.nccl-tuner.csv").exists()
-    # The iteration simulator does not apply thread plans yet: it says so.
-    simulated = run_cli("simulate", out / "threads.plan.json", "--model", trace, "--topology", "fully-connected:2")
-    assert simulated.code == 2 and "not supported yet" in simulated.err
+    # The iteration simulator applies the plan's fusion: its groups replace DDP's two buckets.
+    simulated = run_cli("simulate", out / "threads.plan.json", "--model", trace, "--topology", "fully-connected:2",
+                        "--json")
+    assert simulated.code == 0, simulated.err
+    plan = json.loads((out / "threads.plan.json").read_text())
+    allreduces = [r for r in json.loads(simulated.out)["collectives"] if r["collective"] == "allreduce"]
+    assert [r["bytes"] for r in allreduces] == [g["bytes"] for g in plan["payload"]["groups"] if g["bytes"]]
+    assert all(r["name"].startswith("allreduce group") for r in allreduces)
 
 
 def test_the_runtime_library_loads_the_thread_plan(run_cli, trace, tmp_path):

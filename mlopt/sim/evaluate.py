@@ -165,6 +165,58 @@ def with_recomputation(workload, recompute_by_forward_op: dict[int, float], trac
     return Workload(workload.name, workload.world_size, tuple(items), carry=workload.carry)
 
 
+def _gradient_allreduces(workload, world: tuple[int, ...]) -> set[int]:
+    """Ids of the workload's all-reduces over every rank: the data-parallel gradient buckets a thread plan's
+    fusion groups replace."""
+    return {item.id for item in workload.items
+            if item.kind == "comm" and item.collective == "allreduce" and tuple(item.group) == world}
+
+
+def with_thread_plan(workload, payload: dict, trace, source: str):
+    """The thread plan's fusion: its groups replace the trace's gradient all-reduces (DDP's buckets), one
+    all-reduce of the group's bytes issued when the backward op completing its last layer has run; whatever
+    waited for a replaced all-reduce (the optimizer) waits for all of the new ones. The thread counts are not
+    modelled: the network has no per-thread bandwidth and no compute contention (docs/simulate.md)."""
+    from mlopt.planners.threads.build import layer_end_ops
+    from mlopt.sim.workload import Workload, WorkItem
+
+    world = tuple(range(workload.world_size))
+    replaced = _gradient_allreduces(workload, world)
+    if not replaced:
+        raise InputError(source, "$.payload.groups", "the workload has no all-reduce over every rank for the thread "
+                                                     "plan's groups to replace")
+    ends = layer_end_ops(trace, source)
+    if len(ends) != len(payload["layers"]):
+        raise InputError(source, "$.payload.layers", f"{len(payload['layers'])} layers but the trace has {len(ends)}")
+    group_end = {}  # backward op id -> (group index, bytes)
+    for index, group in enumerate(payload["groups"]):
+        if group["bytes"] > 0:
+            group_end[ends[group["last"]]] = (index, group["bytes"])
+    next_id = 1 + max(item.id for item in workload.items)
+    items, new_ids = [], {}
+    for item in workload.items:
+        if item.id in replaced:
+            continue
+        items.append(item)
+        hit = group_end.get(item.source_op) if item.kind == "compute" else None
+        if hit is not None:
+            index, nbytes = hit
+            items.append(WorkItem(next_id, f"allreduce group {index}", "comm", collective="allreduce",
+                                  nbytes=nbytes, group=world, deps=(item.id,), iteration=item.iteration,
+                                  phase="comm", layer=f"group {index}"))
+            new_ids.setdefault(item.iteration, []).append(next_id)
+            next_id += 1
+    out = []
+    for item in items:
+        if any(d in replaced for d in item.deps):
+            kept = tuple(d for d in item.deps if d not in replaced)
+            item = replace(item, deps=kept + tuple(new_ids.get(item.iteration, ())))
+        out.append(item)
+    carry = None if workload.carry is None else tuple((a, b) for a, b in workload.carry
+                                                       if a not in replaced and b not in replaced)
+    return Workload(workload.name, workload.world_size, tuple(out), carry=carry)
+
+
 def memory_recomputation(plan_path: str, model_path: str) -> dict[int, float]:
     from mlopt.formats.plan import load_plan
     from mlopt.planners.memory.validate import replay_plan
@@ -180,16 +232,25 @@ def _index_entries(index_path: str, index) -> list[str]:
     return [str(folder / (e.file if hasattr(e, "file") else e["file"])) for e in entries]
 
 
-APPLIED_KINDS = ("collective", "memory")
+APPLIED_KINDS = ("collective", "memory", "threads")
 
 
-def classify_plans(paths: Sequence[str]) -> tuple[list[str], list[str], list[str]]:
-    """(collective XML plans, memory plans, plans of an index left out); a plan index stands for the plans it
-    lists, of which those the simulator cannot apply yet are left out (named in the third list). A plan named
-    on the command line that it cannot apply is an InputError."""
+@dataclass(frozen=True)
+class PlanFiles:
+    """The plans of a simulation, by kind."""
+
+    xmls: tuple[str, ...] = ()
+    memory: tuple[str, ...] = ()
+    threads: tuple[str, ...] = ()
+    left_out: tuple[str, ...] = ()  # plans of an index the simulator cannot apply yet
+
+
+def classify_plans(paths: Sequence[str]) -> PlanFiles:
+    """The plans by kind; a plan index stands for the plans it lists, of which those the simulator cannot
+    apply yet are left out (named). A plan named on the command line that it cannot apply is an InputError."""
     from mlopt.formats.loaders import load_any
 
-    xmls, memory, left_out = [], [], []
+    xmls, memory, threads, left_out = [], [], [], []
     pending = [(p, False) for p in paths]
     while pending:
         path, from_index = pending.pop(0)
@@ -206,6 +267,8 @@ def classify_plans(paths: Sequence[str]) -> tuple[list[str], list[str], list[str
             continue
         if kind == "memory":
             memory.append(path)
+        elif kind == "threads":
+            threads.append(path)
         elif kind == "collective":
             xml = Path(path).with_suffix(".xml")
             if not xml.exists():
@@ -214,7 +277,7 @@ def classify_plans(paths: Sequence[str]) -> tuple[list[str], list[str], list[str
         else:
             raise InputError(path, "kind", f"the iteration simulator applies collective and memory plans; {kind!r} "
                                            f"plans are not supported yet")
-    return xmls, memory, left_out
+    return PlanFiles(tuple(xmls), tuple(memory), tuple(threads), tuple(left_out))
 
 
 def evaluate(workload, topology, options: EvaluateOptions, plans: Sequence[XmlPlan] = (), *, source: str = "workload"):

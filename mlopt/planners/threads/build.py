@@ -17,10 +17,20 @@ from mlopt.formats.trace import ModelTrace
 def layers_from_trace(trace: ModelTrace, source: str) -> list[tuple[str, float, int]]:
     """(name, compute_us, grad_bytes) per layer in backward order; InputError for an op without a time or a
     trace without backward ops or parameter gradients."""
+    return [layer[:3] for layer in _layers(trace, source)]
+
+
+def layer_end_ops(trace: ModelTrace, source: str) -> list[int | None]:
+    """Per layer (as layers_from_trace), the id of the backward op after which its gradient exists (None for
+    the last layer without gradient bytes)."""
+    return [layer[3] for layer in _layers(trace, source)]
+
+
+def _layers(trace: ModelTrace, source: str) -> list[tuple[str, float, int, int | None]]:
     tensors = {t.id: t for t in trace.tensors}
     ops = {op.id: op for op in trace.ops}
     counted: set[int] = set()  # parameter tensor ids whose gradient is already in a layer
-    layers: list[tuple[str, float, int]] = []
+    layers: list[tuple[str, float, int, int | None]] = []
     pending_us = 0.0
     for index, op in enumerate(trace.ops):
         if op.role != "backward":
@@ -38,11 +48,11 @@ def layers_from_trace(trace: ModelTrace, source: str) -> list[tuple[str, float, 
         if grad_bytes <= 0:
             continue
         counted.update(params)
-        layers.append((f"{forward.name}#{forward.id}", pending_us, grad_bytes))
+        layers.append((f"{forward.name}#{forward.id}", pending_us, grad_bytes, op.id))
         pending_us = 0.0
     if not layers:
         what = "backward ops" if not any(op.role == "backward" for op in trace.ops) else "parameter gradients"
         raise InputError(source, "$.ops", f"the trace has no {what}: nothing to all-reduce")
     if pending_us > 0:
-        layers.append(("after the last gradient", pending_us, 0))
+        layers.append(("after the last gradient", pending_us, 0, None))
     return layers
