@@ -1,0 +1,261 @@
+"""optSched list scheduler, MCMC plan search and baselines on hand-solved DAGs (no wall-clock)."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from mlopt.planners.schedule.optsched import (
+    ExecutionPlan,
+    MotifRun,
+    ScheduleProblem,
+    Task,
+    critical_paths,
+    default_plan,
+    optsched,
+)
+from mlopt.planners.schedule.search import (
+    compare,
+    fifo_default,
+    greedy_plan,
+    lifo_oracle,
+    mcmc,
+    oracle_plan,
+    s_exec,
+    s_sched,
+    syndicate,
+)
+
+DET = dict(max_steps=300, stop_on_stagnation=False)  # deterministic: no wall-clock stop
+HUGE = 1e9
+
+
+def M(name, d, *channels, deps=()):
+    return MotifRun(name, float(d), frozenset(channels), tuple(deps))
+
+
+def P(label, *motifs):
+    return ExecutionPlan(label, tuple(motifs))
+
+
+def comp(i, d, *deps, name=""):
+    return Task(i, "compute", float(d), tuple(deps), name)
+
+
+def comm(i, *deps, name=""):
+    return Task(i, "comm", 0.0, tuple(deps), name)
+
+
+def two_comms(ch_a, ch_b):
+    tasks = (comp(0, 10), comm(1, 0), comm(2, 0), comp(3, 5, 1, 2))
+    opts = {1: (P("a", M("a", 4, ch_a)),), 2: (P("b", M("b", 4, ch_b)),)}
+    return ScheduleProblem(tasks, opts, ("x", "y"))
+
+
+# ------------------------------------------------------------------------------------------- optSched
+
+
+def test_same_channel_serialises():
+    s = optsched(two_comms("x", "x"))
+    assert s.makespan_us == 23.0  # 10 + 4 + 4 + 5
+    assert s.task_times == {0: (0.0, 10.0), 1: (10.0, 14.0), 2: (14.0, 18.0), 3: (18.0, 23.0)}
+    assert s.sequence() == {(1, 0): 0, (2, 0): 1}
+    assert s.compute_idle_pct == pytest.approx(100 * 8 / 23)
+
+
+def test_disjoint_channels_overlap_and_share_sequence_number():
+    s = optsched(two_comms("x", "y"))
+    assert s.makespan_us == 19.0  # 10 + 4 + 5
+    assert s.sequence() == {(1, 0): 0, (2, 0): 0}  # issued at the same instant
+    assert s.compute_idle_pct == pytest.approx(100 * 4 / 19)
+
+
+def test_multi_channel_motif_blocks_both_channels():
+    tasks = (comm(0), comm(1), comm(2))
+    opts = {0: (P("xy", M("xy", 5, "x", "y")),), 1: (P("x", M("x", 3, "x")),), 2: (P("y", M("y", 3, "y")),)}
+    s = optsched(ScheduleProblem(tasks, opts, ("x", "y")), order="fifo")
+    assert s.task_times == {0: (0.0, 5.0), 1: (5.0, 8.0), 2: (5.0, 8.0)}
+    assert s.sequence() == {(0, 0): 0, (1, 0): 1, (2, 0): 1}
+
+
+def test_motif_deps_within_plan_and_parallel_split():
+    tasks = (comm(0),)
+    chained = P("chain", M("m0", 4, "x"), M("m1", 4, "y", deps=(0,)))
+    split = P("split", M("m0", 4, "x"), M("m1", 4, "y"))
+    prob = ScheduleProblem(tasks, {0: (chained, split)}, ("x", "y"))
+    assert optsched(prob, {0: 0}).makespan_us == 8.0
+    assert optsched(prob, {0: 1}).makespan_us == 4.0
+    s = optsched(prob, {0: 0})
+    assert [(m.motif_index, m.start_us, m.seq) for m in s.motifs] == [(0, 0.0, 0), (1, 4.0, 1)]
+
+
+def critical_beats_fifo_problem():
+    # comm 1 (issued first) has no successor; comm 2 feeds a long compute task.
+    tasks = (comp(0, 1), comm(1, 0, name="a"), comm(2, 0, name="b"), comp(3, 20, 2))
+    opts = {1: (P("a-x", M("a", 10, "x")), P("a-y", M("a", 12, "y"))),
+            2: (P("b-x", M("b", 10, "x")), P("b-y", M("b", 12, "y")))}
+    return ScheduleProblem(tasks, opts, ("x", "y"))
+
+
+def test_critical_path_priority_beats_fifo():
+    prob = critical_beats_fifo_problem()
+    fifo = optsched(prob, order="fifo")
+    crit = optsched(prob, order="critical")
+    assert fifo.makespan_us == 41.0  # a 1-11, b 11-21, compute 21-41
+    assert crit.makespan_us == 31.0  # b 1-11, compute 11-31 (a 11-21 overlaps)
+    assert crit.task_times[2] == (1.0, 11.0) and crit.task_times[1] == (11.0, 21.0)
+    assert optsched(prob, order="lifo").makespan_us == 31.0  # last ready (b) first
+    task_cp, motif_cp = critical_paths(prob, default_plan(prob))
+    assert motif_cp[(2, 0)] == 30.0 and motif_cp[(1, 0)] == 10.0 and task_cp[0] == 31.0
+
+
+def test_compute_stays_fifo():
+    # compute 3 has no deps but is issued after compute 2, which waits for the comm: it must wait too.
+    tasks = (comp(0, 1), comm(1, 0), comp(2, 5, 1), comp(3, 3))
+    prob = ScheduleProblem(tasks, {1: (P("m", M("m", 10, "x")),)}, ("x",))
+    s = optsched(prob)
+    assert s.task_times[2] == (11.0, 16.0)
+    assert s.task_times[3] == (16.0, 19.0)
+    assert s.makespan_us == 19.0
+    assert s.compute_idle_pct == pytest.approx(100 * (19 - 9) / 19)
+
+
+def test_validation_errors_name_the_task():
+    x = ("x",)
+    with pytest.raises(ValueError, match=r"task 0: dependency cycle \(depends on: 0 -> 2 -> 1 -> 0\)"):
+        optsched(ScheduleProblem((comp(0, 1, 2), comp(1, 1, 0), comp(2, 1, 1)), {}, x))
+    with pytest.raises(ValueError, match=r"task 1 \('late'\): unknown dependency id\(s\) \[7\]"):
+        optsched(ScheduleProblem((comp(0, 1), comp(1, 1, 7, name="late")), {}, x))
+    with pytest.raises(ValueError, match="task 0: comm task has no execution plan"):
+        optsched(ScheduleProblem((comm(0),), {}, x))
+    with pytest.raises(ValueError, match=r"task 0 option 0 .*unknown channel"):
+        optsched(ScheduleProblem((comm(0),), {0: (P("p", M("m", 1, "z")),)}, x))
+    with pytest.raises(ValueError, match="task 0: .*issue order"):  # compute 0 waits for compute 1
+        optsched(ScheduleProblem((comp(0, 1, 1), comp(1, 1)), {}, x))
+    with pytest.raises(ValueError, match="order"):
+        optsched(ScheduleProblem((comp(0, 1),), {}, x), order="random")
+    with pytest.raises(ValueError, match="task 0: option 3 out of range"):
+        optsched(ScheduleProblem((comm(0),), {0: (P("p", M("m", 1, "x")),)}, x), {0: 3})
+
+
+# ---------------------------------------------------------------------------------------------- MCMC
+
+
+def tiny_search_problem():
+    """Three comm ops ready together plus a dependent compute; greedy (all on fast x) is not optimal."""
+    tasks = (comp(0, 2), comm(1, 0), comm(2, 0), comm(3, 0), comp(4, 6, 1, 2), comp(5, 4, 3))
+    def options(fast, slow):
+        return (P("x", M("x", fast, "x")), P("y", M("y", slow, "y")),
+                P("seg", M("s0", fast / 2 + 1, "x"), M("s1", fast / 2 + 1, "x", deps=(0,))))
+    return ScheduleProblem(tasks, {1: options(6, 9), 2: options(5, 7), 3: options(4, 11)}, ("x", "y"))
+
+
+def brute_force(prob, order="critical"):
+    ids = [t.id for t in prob.tasks if t.kind == "comm"]
+    ranges = [range(len(prob.options[i])) for i in ids]
+    return min(optsched(prob, dict(zip(ids, ks)), order).makespan_us for ks in itertools.product(*ranges))
+
+
+def test_mcmc_finds_brute_force_optimum():
+    prob = tiny_search_problem()
+    best = brute_force(prob)
+    greedy = optsched(prob, greedy_plan(prob)).makespan_us
+    assert best < greedy  # the search has something to find
+    res = mcmc(prob, HUGE, seed=1, **DET)
+    assert res.makespan_us == best
+    assert res.stop_reason == "max_steps" and res.iterations == 300
+    assert res.history[0] == greedy
+    assert optsched(prob, res.plan).makespan_us == best
+
+
+def test_mcmc_deterministic_for_seed():
+    prob = tiny_search_problem()
+    a = mcmc(prob, HUGE, seed=7, **DET)
+    b = mcmc(prob, HUGE, seed=7, **DET)
+    assert (a.plan, a.history, a.iterations) == (b.plan, b.history, b.iterations)
+    assert a.schedule == b.schedule
+
+
+class StepClock:
+    """A fake clock that advances one unit per reading: time-based stops become step-based."""
+
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        self.t += 1.0
+        return self.t
+
+
+def test_mcmc_stops_on_stagnation_and_budget():
+    prob = tiny_search_problem()
+    res = mcmc(prob, HUGE, seed=3, min_steps=20, clock=StepClock())
+    assert res.stop_reason == "stagnation" and res.iterations >= 20
+    res = mcmc(prob, 10, seed=3, stop_on_stagnation=False, clock=StepClock())
+    assert res.stop_reason == "budget" and 0 < res.iterations < 20
+    res = mcmc(ScheduleProblem((comm(0),), {0: (P("p", M("m", 1, "x")),)}, ("x",)), HUGE, seed=0)
+    assert res.stop_reason == "no_choices" and res.iterations == 0
+
+
+def test_mcmc_initial_plan_and_beta_zero_random_walk():
+    prob = tiny_search_problem()
+    res = mcmc(prob, HUGE, seed=2, initial={1: 2, 2: 2, 3: 2}, beta=0.0, max_steps=50)
+    assert res.history[0] == optsched(prob, {1: 2, 2: 2, 3: 2}).makespan_us
+    assert len(res.history) == 51  # beta 0 accepts every proposal
+    assert res.makespan_us == min(res.history)
+
+
+# ------------------------------------------------------------------------------------------ baselines
+
+
+def test_baselines_ordered_on_constructed_example():
+    prob = critical_beats_fifo_problem()
+    r = compare(prob, HUGE, seed=0, **DET)
+    assert r["fifo"].makespan_us == 41.0
+    assert r["s-sched"].makespan_us == 31.0
+    assert r["s-exec"].makespan_us == 31.0  # a moved to channel y, overlapping b under FIFO
+    assert r["s-exec"].plan == {1: 1, 2: 0}
+    assert r["syndicate"].makespan_us == 31.0  # = lower bound 1 + 10 + 20
+    assert r["bs+"].makespan_us == 31.0
+    assert r["syndicate"].makespan_us <= r["s-exec"].makespan_us
+    assert r["s-sched"].makespan_us <= r["fifo"].makespan_us
+    assert fifo_default(prob).schedule.order == "fifo" and s_sched(prob).plan == {1: 0, 2: 0}
+
+
+def test_joint_search_beats_either_alone():
+    # issue order a, d, b; b feeds a short compute, a and d feed the last compute. Channel x is fast,
+    # y slow. Best: move one of a/d to y AND run b first on x. S-Exec gets the plan but not the order,
+    # S-Sched the order but not the plan.
+    tasks = (comp(0, 1), comm(1, 0, name="a"), comm(2, 0, name="d"), comm(3, 0, name="b"),
+             comp(4, 5, 3), comp(5, 5, 1, 2))
+    xy = (P("x", M("m", 10, "x")), P("y", M("m", 22, "y")))
+    prob = ScheduleProblem(tasks, {1: xy, 2: xy, 3: (P("x", M("b", 10, "x")),)}, ("x", "y"))
+    r = {k: v.makespan_us for k, v in compare(prob, HUGE, seed=0, **DET).items()}
+    assert r["fifo"] == 41.0  # x: a 1-11, d 11-21, b 21-31; c4 31-36; c5 36-41
+    assert r["s-sched"] == 36.0  # x: b 1-11, a 11-21, d 21-31; c4 11-16; c5 31-36
+    assert r["s-exec"] == 31.0  # a on y 1-23; x: d 1-11, b 11-21; c4 21-26; c5 26-31
+    assert r["syndicate"] == 28.0  # a on y 1-23; x: b 1-11, d 11-21; c4 11-16; c5 23-28
+    assert r["syndicate"] < r["s-exec"] and r["syndicate"] < r["s-sched"] < r["fifo"]
+    assert r["syndicate"] == brute_force(prob) and r["s-exec"] == brute_force(prob, "fifo")
+
+
+def test_lifo_oracle_picks_best_same_channel_option():
+    tasks = (comm(0),)
+    opts = {0: (P("one", M("m", 10, "x")),
+                P("seg", M("s0", 4, "x"), M("s1", 4, "x", deps=(0,))),
+                P("other-channel", M("m", 1, "y")))}
+    prob = ScheduleProblem(tasks, opts, ("x", "y"))
+    assert oracle_plan(prob, "lifo") == {0: 1}  # y differs from the default's channels: inadmissible
+    assert oracle_plan(prob, "lifo", same_channels_only=False) == {0: 2}
+    res = lifo_oracle(prob)
+    assert res.makespan_us == 8.0 and res.schedule.order == "lifo" and res.name == "bs+"
+    assert s_exec(prob, HUGE, 0, **DET).makespan_us == 1.0
+    assert syndicate(prob, HUGE, 0, **DET).makespan_us == 1.0
+
+
+@pytest.mark.parametrize("seed", range(5))
+@pytest.mark.parametrize("order", ["critical", "fifo"])
+def test_mcmc_optimum_across_seeds(seed, order):
+    prob = tiny_search_problem()
+    assert mcmc(prob, HUGE, seed, order=order, **DET).makespan_us == brute_force(prob, order)
