@@ -1,0 +1,307 @@
+"""Build a Syndicate `ScheduleProblem` from a workload and a topology (Syndicate §3-5).
+
+Channels
+--------
+A channel is one *link class* of the topology ("nvlink", "nvswitch", "ib", "pcie", ...): Syndicate's
+channels are NVLink and RDMA, and a motif holds the set of channels its messages cross. `channels_of`
+returns one sub-topology per class (same nodes, only that class's links, the switches and NICs those links
+reference). There is deliberately **no** extra "all" channel: a motif that needs several classes (e.g. a
+ring across two nodes: NVLink inside a node, IB between nodes) simply holds the set of those classes, so
+it excludes every motif on any of them, which is what an "all" channel would express, without making an
+NVLink-only motif and an IB-only motif falsely conflict.
+
+Timing a motif
+--------------
+Every motif is timed with `collective_time` (algorithm: ring; where the ring lacks a link, e.g. the
+NDv2 hybrid cube-mesh has no 3->4 NVLink, the fastest other non-hierarchical algorithm that can run) on each
+single-channel sub-topology that can carry it, and on the whole topology; the fastest wins (ties: a
+single channel first, channels in sorted order). A single-channel timing holds only that channel; a
+whole-topology timing holds the classes of the links the algorithm's messages cross (ring: consecutive
+members of the group, wrapping; others: every ordered pair, an over-approximation). Direct is not
+raced against ring: in mode "unaware" every message is timed alone, so direct's N-1 simultaneous sends
+per rank ignore NIC/port sharing and look ~30x faster than ring on dgx2x2, which would make every
+non-default plan spuriously dominate. A splined all-to-all motif (one with a
+`pattern`) is timed as the all-to-all over its ranks scaled by its share of the (src, dst) pairs
+(an approximation: the pattern is a subset of the full exchange).
+
+Options per comm-op (`motif_options`; at most `MAX_OPTIONS`, deterministic):
+0. default: the op as one motif, ring on the whole topology (if ring cannot run there: the fastest of
+   the fallback algorithms that can); channels: the classes its messages cross;
+then, each kept only when every motif can be timed and it differs from the options before it:
+* ``seg{d}``: d segments, each timed on its best channel(s);
+* ``seg{d}@a+b``: d segments dealt round-robin over the single channels that each connect the op's ranks
+  alone (only when at least two do; none do in the presets, where IB links only join different nodes);
+* ``spline{n}``: `motifs.spline` with group size n (allreduce: the tree RE || -> AR -> BC ||);
+* ``ringAR`` (allreduce: RS -> AG), ``treeAR2`` (recursive binary tree), ``seg2.spline{n}``.
+Default spline sizes: the op's ranks per node when the op spans several nodes in whole-node runs, then 2.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Iterable, Sequence
+
+from mlopt.errors import InputError
+from mlopt.formats.topology import Topology
+from mlopt.planners.schedule import motifs as M
+from mlopt.planners.schedule.motifs import CommOp, Motif
+from mlopt.planners.schedule.optsched import ExecutionPlan, MotifRun, ScheduleProblem, Task
+from mlopt.sim.collective_algorithms import ALGORITHMS, collective_time
+
+MAX_OPTIONS = 12
+TIMING_ALGORITHMS = ("ring",)
+FALLBACK_ALGORITHMS = tuple(a for a in ALGORITHMS if a != "ring" and not a.startswith("hierarchical"))
+
+
+# ----------------------------------------------------------------------------------------- channels
+
+
+def channels_of(topology: Topology) -> dict[str, Topology]:
+    """Link class -> sub-topology with only that class's links (sorted by class name)."""
+    out: dict[str, Topology] = {}
+    for cls in sorted({l.link_class for l in topology.links}):
+        links = tuple(l for l in topology.links if l.link_class == cls)
+        sw = {l.switch for l in links if l.switch is not None}
+        nics = {n for l in links for n in (l.src_nic, l.dst_nic) if n is not None}
+        out[cls] = Topology(
+            name=f"{topology.name}/{cls}",
+            nodes=topology.nodes,
+            links=links,
+            switches=tuple(s for s in topology.switches if s.name in sw),
+            nics=tuple(n for n in topology.nics if n.name in nics),
+            source={**topology.source, "channel": cls},
+        )
+    return out
+
+
+# ----------------------------------------------------------------------------------------- timing
+
+
+@dataclass(frozen=True)
+class Timed:
+    duration_us: float
+    channels: frozenset[str]
+    algorithm: str
+
+
+class _Timer:
+    """Memoised motif timing on one topology and its channels."""
+
+    def __init__(self, topology: Topology, channels: dict[str, Topology], mode: str):
+        self.topology, self.channels, self.mode = topology, channels, mode
+        self.link_class = {(l.src, l.dst): l.link_class for l in topology.links}
+        self.memo: dict[tuple, Timed | None] = {}
+
+    def _crossed(self, algorithm: str, ranks: tuple[int, ...]) -> frozenset[str]:
+        if algorithm in ("ring", "bidirectional-ring"):
+            pairs = [(ranks[i], ranks[(i + 1) % len(ranks)]) for i in range(len(ranks))]
+            if algorithm == "bidirectional-ring":
+                pairs += [(b, a) for a, b in pairs]
+        else:
+            pairs = [(a, b) for a in ranks for b in ranks if a != b]
+        found = {self.link_class[p] for p in pairs if p in self.link_class}
+        return frozenset(found or self.channels)
+
+    def _try(self, collective, algorithm, ranks, nbytes, topo) -> float | None:
+        try:
+            return collective_time(collective, algorithm, ranks, nbytes, topo, mode=self.mode).time_us
+        except (ValueError, InputError, KeyError, IndexError):
+            return None
+
+    def time(self, collective: str, ranks: tuple[int, ...], nbytes: int, *, channel: str | None = None,
+             algorithms: Sequence[str] = TIMING_ALGORITHMS) -> Timed | None:
+        """Fastest timing; channel=None: best of every single channel and the whole topology;
+        channel="*": the whole topology only; else that one channel only. None if nothing can carry it."""
+        key = (collective, ranks, nbytes, channel, tuple(algorithms))
+        if key in self.memo:
+            return self.memo[key]
+        if len(ranks) < 2:
+            res = Timed(0.0, frozenset([channel]) if channel not in (None, "*") else
+                        frozenset([sorted(self.channels)[0]]), "none")
+            self.memo[key] = res
+            return res
+        best: Timed | None = None
+        targets: list[tuple[str | None, Topology]] = []
+        if channel is None or channel not in ("*",):
+            for c, topo in self.channels.items():
+                if channel is None or channel == c:
+                    targets.append((c, topo))
+        if channel in (None, "*"):
+            targets.append((None, self.topology))
+        for c, topo in targets:
+            for alg in algorithms:
+                t = self._try(collective, alg, ranks, nbytes, topo)
+                if t is None:
+                    continue
+                if best is None or t < best.duration_us:
+                    chans = frozenset([c]) if c is not None else self._crossed(alg, ranks)
+                    best = Timed(t, chans, alg)
+        self.memo[key] = best
+        return best
+
+    def motif(self, m: Motif, channel: str | None = None) -> Timed | None:
+        if m.collective == "alltoall" and m.pattern is not None:
+            n = len(m.ranks)
+            full = self.best("alltoall", m.ranks, m.nbytes, channel=channel)
+            if full is None:
+                return None
+            share = len([p for p in m.pattern if p[0] != p[1]]) / max(1, n * (n - 1))
+            return replace(full, duration_us=full.duration_us * share)
+        return self.best(m.collective, m.ranks, m.nbytes, channel=channel)
+
+    def best(self, collective: str, ranks: tuple[int, ...], nbytes: int, *, channel: str | None = None) -> Timed | None:
+        """Ring where it can run; else the fastest fallback algorithm that can (missing ring links)."""
+        t = self.time(collective, ranks, nbytes, channel=channel)
+        if t is None:
+            t = self.time(collective, ranks, nbytes, channel=channel, algorithms=FALLBACK_ALGORITHMS)
+        return t
+
+
+# ----------------------------------------------------------------------------------------- options
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """An execution plan with the motifs it times (`plan.motifs[i]` runs `motifs[i]`)."""
+
+    plan: ExecutionPlan
+    motifs: tuple[Motif, ...]
+
+
+def _runs(label: str, motifs: list[Motif], timer: _Timer,
+          channel_of: Sequence[str | None] | None = None) -> ExecutionPlan | None:
+    runs = []
+    for i, m in enumerate(motifs):
+        t = timer.motif(m, None if channel_of is None else channel_of[i])
+        if t is None:
+            return None
+        runs.append(MotifRun(f"{label}[{i}]:{m.collective}x{len(m.ranks)}@{'+'.join(sorted(t.channels))}",
+                             t.duration_us, t.channels, tuple(m.deps)))
+    return ExecutionPlan(label, tuple(runs))
+
+
+def _default_splines(op: CommOp, topology: Topology) -> tuple[int, ...]:
+    n = len(op.ranks)
+    node = topology.node_of()
+    out: list[int] = []
+    # ranks per node when the op's ranks come in whole-node runs over several nodes
+    runs, cur = [], 1
+    for a, b in zip(op.ranks, op.ranks[1:]):
+        if node.get(a) == node.get(b):
+            cur += 1
+        else:
+            runs.append(cur)
+            cur = 1
+    runs.append(cur)
+    if len(runs) > 1 and len(set(runs)) == 1 and 1 < runs[0] < n:
+        out.append(runs[0])
+    if n % 2 == 0 and n > 2 and 2 not in out:
+        out.append(2)
+    return tuple(out)
+
+
+def motif_candidates(op: CommOp, topology: Topology, channels: dict[str, Topology] | None = None, *,
+                     segments: Iterable[int] = (1, 2, 4), splines: Iterable[int] | None = None,
+                     mode: str = "unaware", _timer: _Timer | None = None) -> tuple[Candidate, ...]:
+    """Candidate plans with their motif lists; see the module docstring. [0] is the default."""
+    channels = channels_of(topology) if channels is None else channels
+    timer = _timer or _Timer(topology, channels, mode)
+    whole = M.as_motif(op)
+    default = timer.best(op.collective, op.ranks, op.nbytes, channel="*")
+    if default is None:
+        raise InputError("<topology>", "links", f"{op.collective} over ranks {op.ranks}: no algorithm can run "
+                         f"on topology {topology.name!r} (missing links)")
+    out = [Candidate(ExecutionPlan("default", (MotifRun(f"default:{op.collective}x{len(op.ranks)}",
+                                                        default.duration_us, default.channels),)), (whole,))]
+    seen = {tuple((r.duration_us, r.channels, r.deps) for r in out[0].plan.motifs)}
+
+    def add(label: str, build, channel_of_fn=None) -> None:
+        if len(out) >= MAX_OPTIONS:
+            return
+        try:
+            ms = build()
+        except ValueError:
+            return
+        plan = _runs(label, ms, timer, None if channel_of_fn is None else channel_of_fn(ms))
+        if plan is None:
+            return
+        sig = tuple((r.duration_us, r.channels, r.deps) for r in plan.motifs)
+        if sig in seen:
+            return
+        seen.add(sig)
+        out.append(Candidate(plan, tuple(ms)))
+
+    # single channels that carry the whole op alone
+    alone = [c for c in sorted(channels) if timer.best(op.collective, op.ranks, op.nbytes, channel=c) is not None]
+    splines = _default_splines(op, topology) if splines is None else tuple(splines)
+    n = len(op.ranks)
+    for d in segments:
+        add(f"seg{d}", lambda d=d: M.segment(op, d))
+        if len(alone) >= 2 and d >= 2:
+            add(f"seg{d}@{'+'.join(alone)}", lambda d=d: M.segment(op, d),
+                lambda ms: [alone[i % len(alone)] for i in range(len(ms))])
+    for s in splines:
+        if 1 < s < n and n % s == 0:
+            add(f"spline{s}", lambda s=s: M.spline(op, s))
+    if op.collective == "allreduce":
+        add("ringAR", lambda: M.ring_allreduce(op))
+        if n % 2 == 0 and n > 2:
+            add("treeAR2", lambda: M.tree_allreduce(op, 2, recursive=True))
+    for s in splines:
+        if 1 < s < n and n % s == 0:
+            add(f"seg2.spline{s}", lambda s=s: M.segment_then_spline(op, 2, s))
+    return tuple(out)
+
+
+def motif_options(op: CommOp, topology: Topology, channels: dict[str, Topology] | None = None, *,
+                  segments: Iterable[int] = (1, 2, 4), splines: Iterable[int] | None = None,
+                  mode: str = "unaware") -> tuple[ExecutionPlan, ...]:
+    """Candidate execution plans of a comm-op; option 0 is the default (one ring motif)."""
+    return tuple(c.plan for c in motif_candidates(op, topology, channels, segments=segments, splines=splines,
+                                                  mode=mode))
+
+
+# ----------------------------------------------------------------------------------------- problem
+
+
+def schedule_problem(workload, topology: Topology, *, mode: str = "unaware", source: str = "<workload>",
+                     segments: Iterable[int] = (1, 2, 4), splines: Iterable[int] | None = None) -> ScheduleProblem:
+    """ScheduleProblem of an (already unrolled) workload on a topology.
+
+    Compute items become compute tasks; comm items comm tasks with `motif_options` (memoised per
+    (collective, nbytes, group)); a comm item over one rank (or of 0 bytes) a compute task of 0 us.
+    Raises InputError(source, ...) naming the op and the rank when a group has a rank outside the topology.
+    """
+    channels = channels_of(topology)
+    if not channels:
+        raise InputError(source, "topology", f"topology {topology.name!r} has no links")
+    timer = _Timer(topology, channels, mode)
+    memo: dict[tuple, tuple[ExecutionPlan, ...]] = {}
+    tasks: list[Task] = []
+    options: dict[int, tuple[ExecutionPlan, ...]] = {}
+    segments = tuple(segments)
+    for it in workload.items:
+        deps = tuple(it.deps)
+        if it.kind != "comm":
+            tasks.append(Task(it.id, "compute", float(it.duration_us), deps, it.name))
+            continue
+        group = tuple(int(r) for r in it.group)
+        for r in group:
+            if not 0 <= r < topology.num_ranks:
+                raise InputError(source, f"items[{it.id}].group",
+                                 f"comm op {it.name!r} ({it.collective}) uses rank {r}, but topology "
+                                 f"{topology.name!r} has ranks 0..{topology.num_ranks - 1}")
+        if len(group) <= 1 or it.nbytes <= 0:
+            tasks.append(Task(it.id, "compute", 0.0, deps, it.name))
+            continue
+        key = (it.collective, int(it.nbytes), group)
+        if key not in memo:
+            nbytes = int(it.nbytes)
+            if it.collective in M.BLOCKED and nbytes % len(group):
+                nbytes += len(group) - nbytes % len(group)  # round up to whole blocks
+            op = CommOp(it.collective, nbytes, group)
+            memo[key] = tuple(c.plan for c in motif_candidates(op, topology, channels, segments=segments,
+                                                               splines=splines, mode=mode, _timer=timer))
+        tasks.append(Task(it.id, "comm", 0.0, deps, it.name))
+        options[it.id] = memo[key]
+    return ScheduleProblem(tuple(tasks), options, tuple(channels))
