@@ -355,6 +355,55 @@ def plan_threads_cmd(ctx: click.Context, model_path, nodes, contention_path, thr
               f"{tuner_file_for(kwargs['output'])}")
 
 
+@plan.command("schedule")
+@click.option("--model", "model_path", required=True, help="Trace to plan for (mlopt trace or PyTorch ET).")
+@click.option("--topology", "topology_spec", required=True, help="Topology preset or file (its link classes are "
+                                                                  "the channels).")
+@topology_options
+@click.option("--algorithm", type=click.Choice(["syndicate", "fifo", "lifo", "exec-only", "sched-only"]),
+              default="syndicate", show_default=True,
+              help="syndicate: MCMC over execution plans costed by optSched; fifo: PyTorch's default; lifo: LIFO "
+                   "with the segment oracle (ByteScheduler+); exec-only, sched-only: one half of Syndicate.")
+@click.option("--budget-s", type=click.FloatRange(min=0, min_open=True), default=60.0, show_default=True,
+              help="Wall-clock cap of each search.")
+@click.option("--max-steps", type=click.IntRange(min=1), default=2000, show_default=True,
+              help="Proposals per search (a deterministic stop; the plan says which stop ended it).")
+@click.option("--mode", type=click.Choice(["unaware", "aware", "fifo"]), default="unaware", show_default=True,
+              help="Network mode the motifs are timed in.")
+@solverless_planner_options
+@click.pass_context
+def plan_schedule_cmd(ctx: click.Context, model_path, topology_spec, nodes, chunk_size, time_unit_us, algorithm,
+                      budget_s, max_steps, mode, **kwargs) -> None:
+    """Comm-op scheduling and execution plans (Syndicate), first version; -o schedule.plan.json."""
+    from mlopt.formats.io import write_json
+    from mlopt.formats.loaders import load_trace_any, resolve_topology
+    from mlopt.planners.schedule.planner import ScheduleOptions, plan_schedule
+    from mlopt.planners.schedule.problem import channels_of, schedule_problem
+    from mlopt.sim import workload as wl
+
+    topology = resolve_topology(topology_spec, _topology_options(nodes, chunk_size, time_unit_us))
+    trace = load_trace_any(model_path)
+    options = ScheduleOptions(algorithm, budget_s, max_steps, mode)
+    workload = wl.chain(wl.from_trace(trace, source=model_path), options.iterations)
+    if not any(item.kind == "comm" for item in workload.items):
+        _say(ctx, f"{model_path}: the trace has no comm-ops: the plan is the trivial one (compute in issue order)")
+    from mlopt.sim.evaluate import check_fits
+
+    check_fits(workload.world_size, topology, model_path)
+    planner_options = _planner_options_from(kwargs)
+    with _progress(ctx, f"planning the schedule of {model_path} on {topology.name}"):
+        problem = schedule_problem(workload, topology, mode=mode, source=model_path)
+        plan = plan_schedule(problem, options, planner_options, {"model": model_path, "topology": topology_spec},
+                             sorted(channels_of(topology)))
+    write_json(kwargs["output"], plan.to_dict(planner_options.record_wall_time))
+    if kwargs.get("as_json"):
+        _print_json({**plan.summary(), "file": kwargs["output"]})
+        return
+    systems = ", ".join(f"{k} {v:.0f}" for k, v in plan.payload["systems"].items())
+    _say(ctx, f"schedule: iteration {plan.objective:.0f} us ({algorithm}); systems (us): {systems}; "
+              f"wrote {kwargs['output']}")
+
+
 @plan.command("memory")
 @click.option("--model", "model_path", required=True, help="Trace to plan for (mlopt trace or PyTorch ET).")
 @click.option("--budget", "budget_text", default=None, help="Memory budget, e.g. 6GiB (tensors + workspace).")
@@ -561,15 +610,22 @@ def _simulate_iteration(files, topology_spec, topology_opts, model_path, workloa
         click.echo(f"mlopt: warning: {entry}: not applied (the iteration simulator does not model it yet)", err=True)
     if (plans.memory or plans.threads) and trace is None:
         raise click.UsageError("memory and thread plans apply to a trace: give --model TRACE")
-    if len(plans.threads) > 1:
-        raise click.UsageError("give at most one thread plan")
+    if len(plans.threads) > 1 or len(plans.schedules) > 1:
+        raise click.UsageError("give at most one thread plan and one schedule plan")
+    if plans.schedules and trace is None:
+        raise click.UsageError("a schedule plan applies to a trace: give --model TRACE")
     for path in plans.threads:
         from mlopt.formats.plan import load_plan
 
         workload = ev.with_thread_plan(workload, load_plan(path).payload, trace, path)
     for path in plans.memory:
         workload = ev.with_recomputation(workload, ev.memory_recomputation(path, model_path), trace, path)
-    report = ev.evaluate(workload, topology, options, ev.xml_plans(plans.xmls), source=source)
+    order = ()
+    for path in plans.schedules:
+        from mlopt.formats.plan import load_plan
+
+        order = ev.schedule_order(load_plan(path).payload, workload, path)
+    report = ev.evaluate(workload, topology, options, ev.xml_plans(plans.xmls), source=source, order=order)
     title = f"{workload.name} on {topology.name}"
     if gantt_path:
         from mlopt.sim.training_plots import plot_gantt

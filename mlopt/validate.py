@@ -21,10 +21,11 @@ def payload_validators() -> dict[str, PayloadValidator]:
     """Validators for plan payloads, one per planner kind available in this release."""
     from mlopt.planners.collective.validate import validate_collective_plan
     from mlopt.planners.memory.validate import validate_memory_plan
+    from mlopt.planners.schedule.validate import validate_schedule_plan
     from mlopt.planners.threads.validate import validate_threads_plan
 
     return {"collective": validate_collective_plan, "memory": validate_memory_plan,
-            "threads": validate_threads_plan}
+            "threads": validate_threads_plan, "schedule": validate_schedule_plan}
 
 
 @dataclass(frozen=True)

@@ -194,9 +194,9 @@ def test_plan_of_unknown_kind_fails_validation(run_cli, tmp_path):
     from test_formats import sample_plan
     from mlopt.formats.plan import save_plan
 
-    save_plan(replace(sample_plan(), kind="schedule"), tmp_path / "p.json")
+    save_plan(replace(sample_plan(), kind="tuning"), tmp_path / "p.json")
     result = run_cli("validate", tmp_path / "p.json")
-    assert result.code == 2 and "$.kind: no validator for plan kind 'schedule'" in result.err
+    assert result.code == 2 and "$.kind: no validator for plan kind 'tuning'" in result.err
 
 
 def test_solvers_check_reports_the_embedded_default(run_cli):

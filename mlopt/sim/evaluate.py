@@ -232,7 +232,7 @@ def _index_entries(index_path: str, index) -> list[str]:
     return [str(folder / (e.file if hasattr(e, "file") else e["file"])) for e in entries]
 
 
-APPLIED_KINDS = ("collective", "memory", "threads")
+APPLIED_KINDS = ("collective", "memory", "threads", "schedule")
 
 
 @dataclass(frozen=True)
@@ -242,6 +242,7 @@ class PlanFiles:
     xmls: tuple[str, ...] = ()
     memory: tuple[str, ...] = ()
     threads: tuple[str, ...] = ()
+    schedules: tuple[str, ...] = ()
     left_out: tuple[str, ...] = ()  # plans of an index the simulator cannot apply yet
 
 
@@ -250,7 +251,7 @@ def classify_plans(paths: Sequence[str]) -> PlanFiles:
     apply yet are left out (named). A plan named on the command line that it cannot apply is an InputError."""
     from mlopt.formats.loaders import load_any
 
-    xmls, memory, threads, left_out = [], [], [], []
+    xmls, memory, threads, schedules, left_out = [], [], [], [], []
     pending = [(p, False) for p in paths]
     while pending:
         path, from_index = pending.pop(0)
@@ -269,6 +270,8 @@ def classify_plans(paths: Sequence[str]) -> PlanFiles:
             memory.append(path)
         elif kind == "threads":
             threads.append(path)
+        elif kind == "schedule":
+            schedules.append(path)
         elif kind == "collective":
             xml = Path(path).with_suffix(".xml")
             if not xml.exists():
@@ -277,17 +280,40 @@ def classify_plans(paths: Sequence[str]) -> PlanFiles:
         else:
             raise InputError(path, "kind", f"the iteration simulator applies collective and memory plans; {kind!r} "
                                            f"plans are not supported yet")
-    return PlanFiles(tuple(xmls), tuple(memory), tuple(threads), tuple(left_out))
+    return PlanFiles(tuple(xmls), tuple(memory), tuple(threads), tuple(schedules), tuple(left_out))
 
 
-def evaluate(workload, topology, options: EvaluateOptions, plans: Sequence[XmlPlan] = (), *, source: str = "workload"):
-    """Simulate `workload` (already chained and with its plans applied) on `topology`."""
+def schedule_order(payload: dict, workload, source: str) -> tuple[int, ...]:
+    """The comm items in the order a schedule plan issues them (its first motif's sequence number; the
+    Syndicate enforcer issues in that order on every rank), then any comm item the plan does not list, in issue
+    order. The plan's ids are the items of the same trace unrolled over the same number of iterations."""
+    planned = payload["options"]["iterations"]
+    if workload.iterations != planned:
+        raise InputError(source, "$.payload.options.iterations",
+                         f"the plan covers {planned} iterations: simulate with --iterations {planned}")
+    comm = [item.id for item in workload.items if item.kind == "comm"]
+    known = set(comm)
+    first_seq = {}
+    for op in payload["comm_ops"]:
+        if op["id"] not in known:
+            raise InputError(source, "$.payload.comm_ops", f"comm-op {op['id']} ({op['name']}) is not a collective "
+                                                           f"of the workload")
+        first_seq[op["id"]] = min((m["seq"] for m in op["motifs"]), default=0)
+    ordered = sorted(first_seq, key=lambda i: (first_seq[i], comm.index(i)))
+    return tuple(ordered) + tuple(i for i in comm if i not in first_seq)
+
+
+def evaluate(workload, topology, options: EvaluateOptions, plans: Sequence[XmlPlan] = (), *, source: str = "workload",
+             order: tuple[int, ...] = ()):
+    """Simulate `workload` (already chained and with its plans applied) on `topology`; `order` (from a schedule
+    plan) issues the collectives in that order instead of `options.policy`."""
     from mlopt.sim.training import SimOptions, simulate_iteration
 
     check_fits(workload.world_size, topology, source)
     check_plans_cover_workload(plans, workload)
     timer = make_timer(topology, options, plans)
-    return simulate_iteration(workload, timer, SimOptions(policy=options.policy, channels=options.channels,
+    policy = "explicit" if order else options.policy
+    return simulate_iteration(workload, timer, SimOptions(policy=policy, channels=options.channels, order=order,
                                                           iterations=options.iterations))
 
 

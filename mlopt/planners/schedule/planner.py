@@ -1,0 +1,92 @@
+"""`mlopt plan schedule`: Syndicate's joint scheduling and execution planning (first version).
+
+The workload (a trace, unrolled over two iterations so that cross-iteration moves are possible) becomes a
+`ScheduleProblem` (problem.py: comm-ops with execution options made of motifs, each timed on the topology's
+channels); the chosen system searches it (search.py) and optSched (optsched.py) gives the schedule. The plan
+holds, per comm-op, its execution plan (motifs: name, channels, duration, start, end, sequence number; equal
+numbers for motifs issued together), the predicted iteration time and compute idle %, and every compared
+system's iteration time. MCMC has no bound: plans are "heuristic".
+
+Reproducibility: the search stops after `max_steps` proposals (deterministic for a seed) unless the wall-clock
+`budget_s` runs out first; the plan records which (`payload.search.stop_reason`). Only a "max_steps" stop gives
+byte-identical plans across machines.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from mlopt.formats.plan import Plan
+from mlopt.planners.options import PlannerOptions
+from mlopt.planners.result import heuristic_plan
+from mlopt.planners.schedule import search
+from mlopt.planners.schedule.optsched import ScheduleProblem
+
+ALGORITHMS = ("syndicate", "fifo", "lifo", "exec-only", "sched-only")
+SYSTEM_NAMES = {"syndicate": "syndicate", "fifo": "fifo", "lifo": "bs+", "exec-only": "s-exec",
+                "sched-only": "s-sched"}
+
+
+@dataclass(frozen=True)
+class ScheduleOptions:
+    """One field per CLI option of `mlopt plan schedule` (mlopt/cli.py), same names."""
+
+    algorithm: str = "syndicate"  # --algorithm: syndicate | fifo | lifo (LIFO + segment oracle) | exec-only | sched-only
+    budget_s: float = 60.0  # --budget-s: wall-clock cap of each search
+    max_steps: int = 2000  # --max-steps: proposals per search (deterministic stop)
+    mode: str = "unaware"  # --mode: network mode the motifs are timed in (unaware | aware | fifo)
+    iterations: int = 2  # --iterations: training iterations unrolled (2: cross-iteration moves)
+
+
+def run_systems(problem: ScheduleProblem, options: ScheduleOptions, seed: int) -> dict[str, search.SearchResult]:
+    """Every compared system on the problem (searches stop at max_steps or budget_s)."""
+    kwargs = {"max_steps": options.max_steps, "stop_on_stagnation": False}
+    return {
+        "fifo": search.fifo_default(problem),
+        "bs+": search.lifo_oracle(problem),
+        "s-exec": search.s_exec(problem, options.budget_s, seed, **kwargs),
+        "s-sched": search.s_sched(problem),
+        "syndicate": search.syndicate(problem, options.budget_s, seed, **kwargs),
+    }
+
+
+def comm_op_rows(problem: ScheduleProblem, result: search.SearchResult) -> list[dict[str, Any]]:
+    """Per comm-op: the chosen execution plan and its motifs as scheduled."""
+    slots: dict[int, list] = {}
+    for slot in result.schedule.motifs:
+        slots.setdefault(slot.task_id, []).append(slot)
+    rows = []
+    for task in problem.tasks:
+        if task.kind != "comm":
+            continue
+        option = result.plan.get(task.id, 0)
+        plan = problem.options[task.id][option]
+        motifs = []
+        for slot in sorted(slots.get(task.id, []), key=lambda s: s.motif_index):
+            run = plan.motifs[slot.motif_index]
+            motifs.append({"name": run.name, "channels": sorted(run.channels), "duration_us": run.duration_us,
+                           "start_us": slot.start_us, "end_us": slot.end_us, "seq": slot.seq})
+        rows.append({"id": task.id, "name": task.name, "option": option, "plan": plan.label, "motifs": motifs})
+    return rows
+
+
+def plan_schedule(problem: ScheduleProblem, options: ScheduleOptions, planner_options: PlannerOptions,
+                  inputs: dict[str, Any], channels: list[str]) -> Plan:
+    started = time.perf_counter()
+    results = run_systems(problem, options, planner_options.seed)
+    chosen = results[SYSTEM_NAMES[options.algorithm]]
+    schedule = chosen.schedule
+    payload = {
+        "algorithm": options.algorithm,
+        "options": asdict(options),
+        "channels": channels,
+        "comm_ops": comm_op_rows(problem, chosen),
+        "predicted": {"iteration_us": schedule.makespan_us, "compute_idle_pct": schedule.compute_idle_pct,
+                      "tasks": len(problem.tasks)},
+        "systems": {name: r.schedule.makespan_us for name, r in results.items()},
+        "search": {"iterations": chosen.iterations, "stop_reason": chosen.stop_reason},
+    }
+    return heuristic_plan("schedule", schedule.makespan_us, payload, inputs, planner_options,
+                          time.perf_counter() - started)

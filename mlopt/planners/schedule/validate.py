@@ -1,0 +1,71 @@
+"""`mlopt validate schedule.plan.json [--model trace.json --topology T]`: a schedule plan checked without a search.
+
+Alone: every motif ends its duration after it starts, sequence numbers follow start times (equal for motifs
+issued together), and nothing ends after the predicted iteration. With the trace and topology: the problem is
+rebuilt and optSched, given the plan's execution options, must reproduce the predicted iteration time.
+"""
+
+from __future__ import annotations
+
+import math
+
+from mlopt.errors import InputError
+from mlopt.formats.plan import PlanFile
+
+REQUIRED = ("algorithm", "options", "channels", "comm_ops", "predicted", "systems")
+
+
+def _check_motifs(payload: dict, source: str) -> None:
+    iteration = payload["predicted"]["iteration_us"]
+    starts: dict[float, int] = {}
+    for i, op in enumerate(payload["comm_ops"]):
+        for j, m in enumerate(op["motifs"]):
+            where = f"$.payload.comm_ops[{i}].motifs[{j}]"
+            if not math.isclose(m["end_us"] - m["start_us"], m["duration_us"], rel_tol=1e-9, abs_tol=1e-6):
+                raise InputError(source, where, f"runs {m['end_us'] - m['start_us']} us, its duration is "
+                                                f"{m['duration_us']} us")
+            if m["end_us"] > iteration * (1 + 1e-9) + 1e-6:
+                raise InputError(source, where, f"ends at {m['end_us']} us, after the iteration ({iteration} us)")
+            seen = starts.setdefault(m["seq"], m["start_us"])
+            if not math.isclose(seen, m["start_us"], rel_tol=1e-12, abs_tol=1e-9):
+                raise InputError(source, f"{where}.seq", f"sequence number {m['seq']} is shared by motifs issued "
+                                                         f"at {seen} and {m['start_us']} us")
+    ordered = sorted(starts.items())
+    if any(b[1] <= a[1] for a, b in zip(ordered, ordered[1:])):
+        raise InputError(source, "$.payload.comm_ops", "sequence numbers do not follow the motifs' start times")
+
+
+def _replay(payload: dict, source: str, model_path: str, topology_spec: str) -> None:
+    from mlopt.formats.loaders import load_trace_any, resolve_topology
+    from mlopt.planners.schedule.optsched import optsched
+    from mlopt.planners.schedule.problem import schedule_problem
+    from mlopt.sim import workload as wl
+
+    options = payload["options"]
+    workload = wl.chain(wl.from_trace(load_trace_any(model_path), source=model_path), options["iterations"])
+    problem = schedule_problem(workload, resolve_topology(topology_spec), mode=options["mode"], source=model_path)
+    plan = {op["id"]: op["option"] for op in payload["comm_ops"]}
+    order = {"fifo": "fifo", "lifo": "lifo", "exec-only": "fifo"}.get(payload["algorithm"], "critical")
+    try:
+        makespan = optsched(problem, plan, order).makespan_us
+    except ValueError as exc:
+        raise InputError(source, "$.payload.comm_ops", str(exc)) from None
+    predicted = payload["predicted"]["iteration_us"]
+    if not math.isclose(makespan, predicted, rel_tol=1e-9, abs_tol=1e-6):
+        raise InputError(source, "$.payload.predicted.iteration_us",
+                         f"{predicted} but optSched gives {makespan} with the plan's execution options")
+
+
+def validate_schedule_plan(plan: PlanFile, source: str, model_path: str | None, topology_spec: str | None) -> str:
+    payload = plan.payload
+    for key in REQUIRED:
+        if key not in payload:
+            raise InputError(source, f"$.payload.{key}", "missing required field")
+    _check_motifs(payload, source)
+    replayed = ""
+    if model_path is not None and topology_spec is not None:
+        _replay(payload, source, model_path, topology_spec)
+        replayed = ", replayed by optSched"
+    motifs = sum(len(op["motifs"]) for op in payload["comm_ops"])
+    return (f"{len(payload['comm_ops'])} comm-ops, {motifs} motifs, iteration "
+            f"{payload['predicted']['iteration_us']:.1f} us{replayed}")
