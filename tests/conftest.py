@@ -51,3 +51,17 @@ def torchvision_module():
         pytest.skip(f"torchvision cannot be imported, even with the nms shim: {error}")
     yield module
     del shim
+
+
+@pytest.fixture(scope="session")
+def ddp_example_trace(tmp_path_factory) -> Path:
+    """examples/ddp_mlp imported once per session with `mlopt trace` (2 ranks; DDP's two gradient buckets of
+    4,460,800 and 1,052,672 bytes and its two start-up broadcasts)."""
+    from mlopt.cli import main
+
+    example = REPO / "examples" / "ddp_mlp"
+    out = tmp_path_factory.mktemp("ddp-example") / "trace.json"
+    code = main(["trace", str(example / "rank0.et.json.gz"), "--kineto", str(example / "rank0.kineto.json.gz"),
+                 "-o", str(out)])
+    assert code == 0
+    return out

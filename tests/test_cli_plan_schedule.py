@@ -8,19 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO
 
-EXAMPLE = REPO / "examples" / "ddp_mlp"
-
-
-@pytest.fixture(scope="module")
-def trace(tmp_path_factory) -> Path:
-    from mlopt.cli import main
-
-    out = tmp_path_factory.mktemp("schedule") / "trace.json"
-    assert main(["trace", str(EXAMPLE / "rank0.et.json.gz"), "--kineto", str(EXAMPLE / "rank0.kineto.json.gz"),
-                 "-o", str(out)]) == 0
-    return out
+@pytest.fixture
+def trace(ddp_example_trace) -> Path:
+    return ddp_example_trace
 
 
 def _plan(run_cli, trace, out, *extra) -> dict:

@@ -8,21 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO
 
-EXAMPLE = REPO / "examples" / "ddp_mlp"
-
-
-@pytest.fixture(scope="module")
-def ddp_trace(tmp_path_factory) -> Path:
-    """The 2-rank DDP example imported once (2 allreduces of 4,460,800 and 1,052,672 bytes)."""
-    from mlopt.cli import main
-
-    out = tmp_path_factory.mktemp("ddp") / "trace.json"
-    code = main(["trace", str(EXAMPLE / "rank0.et.json.gz"), "--kineto", str(EXAMPLE / "rank0.kineto.json.gz"),
-                 "-o", str(out)])
-    assert code == 0
-    return out
+@pytest.fixture
+def ddp_trace(ddp_example_trace) -> Path:
+    return ddp_example_trace
 
 
 def _json(result) -> dict:
