@@ -400,7 +400,8 @@ def plan_schedule_cmd(ctx: click.Context, model_path, topology_spec, nodes, chun
         _print_json({**plan.summary(), "file": kwargs["output"]})
         return
     systems = ", ".join(f"{k} {v:.0f}" for k, v in plan.payload["systems"].items())
-    _say(ctx, f"schedule: iteration {plan.objective:.0f} us ({algorithm}); systems (us): {systems}; "
+    _say(ctx, f"schedule: iteration {plan.payload['predicted']['iteration_us']:.0f} us ({algorithm}); "
+              f"systems (us per iteration): {systems}; "
               f"wrote {kwargs['output']}")
 
 

@@ -42,8 +42,8 @@ from __future__ import annotations
 
 import heapq
 import math
-from dataclasses import dataclass
-from typing import Literal, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, Mapping
 
 Order = Literal["fifo", "lifo", "critical"]
 ORDERS: tuple[str, ...] = ("fifo", "lifo", "critical")
@@ -56,6 +56,7 @@ class Task:
     duration_us: float  # compute time; ignored for comm tasks (their plan's motifs give the time)
     deps: tuple[int, ...]
     name: str = ""
+    iteration: int = 0  # unrolled training iteration the task belongs to (reports and the enforcer's table)
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,10 @@ class ScheduleProblem:
     tasks: tuple[Task, ...]
     options: dict[int, tuple[ExecutionPlan, ...]]  # comm task id -> candidate plans; [0] is the default
     channels: tuple[str, ...]
+    # What the motifs do, for plans and the runtime's enforcer (problem.py fills them; optSched ignores them):
+    # comm task id -> its collective (a motifs.CommOp), and per option the motifs.Motif of each MotifRun.
+    ops: dict[int, Any] = field(default_factory=dict)
+    decompositions: dict[int, tuple[tuple[Any, ...], ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

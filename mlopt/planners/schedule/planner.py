@@ -52,8 +52,18 @@ def run_systems(problem: ScheduleProblem, options: ScheduleOptions, seed: int) -
     }
 
 
+SYSTEM_ORDERS = {"fifo": "fifo", "bs+": "lifo", "s-exec": "fifo", "s-sched": "critical", "syndicate": "critical"}
+
+
+def _motif_details(motif) -> dict[str, Any]:
+    """What a motif does (motifs.Motif): its collective over its ranks on byte ranges of the op's buffer."""
+    return {"collective": motif.collective, "ranks": list(motif.ranks),
+            "regions": [[list(r) for r in region] for region in motif.regions], "root": motif.root,
+            "deps": list(motif.deps), "pattern": None if motif.pattern is None else [list(p) for p in motif.pattern]}
+
+
 def comm_op_rows(problem: ScheduleProblem, result: search.SearchResult) -> list[dict[str, Any]]:
-    """Per comm-op: the chosen execution plan and its motifs as scheduled."""
+    """Per comm-op, in issue order: the collective, the chosen execution plan and its motifs as scheduled."""
     slots: dict[int, list] = {}
     for slot in result.schedule.motifs:
         slots.setdefault(slot.task_id, []).append(slot)
@@ -63,13 +73,30 @@ def comm_op_rows(problem: ScheduleProblem, result: search.SearchResult) -> list[
             continue
         option = result.plan.get(task.id, 0)
         plan = problem.options[task.id][option]
+        decomposition = problem.decompositions.get(task.id, ())
         motifs = []
         for slot in sorted(slots.get(task.id, []), key=lambda s: s.motif_index):
             run = plan.motifs[slot.motif_index]
-            motifs.append({"name": run.name, "channels": sorted(run.channels), "duration_us": run.duration_us,
-                           "start_us": slot.start_us, "end_us": slot.end_us, "seq": slot.seq})
-        rows.append({"id": task.id, "name": task.name, "option": option, "plan": plan.label, "motifs": motifs})
+            details = _motif_details(decomposition[option][slot.motif_index]) if decomposition else {}
+            motifs.append({"name": run.name, **details, "channels": sorted(run.channels),
+                           "duration_us": run.duration_us, "start_us": slot.start_us, "end_us": slot.end_us,
+                           "seq": slot.seq})
+        op = problem.ops.get(task.id)
+        collective = {} if op is None else {"collective": op.collective, "nbytes": op.nbytes,
+                                            "ranks": list(op.ranks), "root": op.root}
+        rows.append({"id": task.id, "name": task.name, "iteration": task.iteration, **collective,
+                     "option": option, "plan": plan.label, "motifs": motifs})
     return rows
+
+
+def system_rows(problem: ScheduleProblem, results: dict[str, search.SearchResult],
+                iterations: int) -> dict[str, dict[str, Any]]:
+    """Per compared system: its issue order, execution option per comm-op (issue order) and times."""
+    comm = [t.id for t in problem.tasks if t.kind == "comm"]
+    return {name: {"order": SYSTEM_ORDERS[name], "options": [r.plan.get(i, 0) for i in comm],
+                   "makespan_us": r.schedule.makespan_us, "iteration_us": r.schedule.makespan_us / iterations,
+                   "compute_idle_pct": r.schedule.compute_idle_pct}
+            for name, r in results.items()}
 
 
 def plan_schedule(problem: ScheduleProblem, options: ScheduleOptions, planner_options: PlannerOptions,
@@ -78,14 +105,17 @@ def plan_schedule(problem: ScheduleProblem, options: ScheduleOptions, planner_op
     results = run_systems(problem, options, planner_options.seed)
     chosen = results[SYSTEM_NAMES[options.algorithm]]
     schedule = chosen.schedule
+    iterations = max(1, options.iterations)
     payload = {
         "algorithm": options.algorithm,
         "options": asdict(options),
         "channels": channels,
         "comm_ops": comm_op_rows(problem, chosen),
-        "predicted": {"iteration_us": schedule.makespan_us, "compute_idle_pct": schedule.compute_idle_pct,
-                      "tasks": len(problem.tasks)},
-        "systems": {name: r.schedule.makespan_us for name, r in results.items()},
+        "predicted": {"makespan_us": schedule.makespan_us, "iterations": iterations,
+                      "iteration_us": schedule.makespan_us / iterations,
+                      "compute_idle_pct": schedule.compute_idle_pct, "tasks": len(problem.tasks)},
+        "systems": {name: r.schedule.makespan_us / iterations for name, r in results.items()},
+        "system_plans": system_rows(problem, results, iterations),
         "search": {"iterations": chosen.iterations, "stop_reason": chosen.stop_reason},
     }
     return heuristic_plan("schedule", schedule.makespan_us, payload, inputs, planner_options,

@@ -276,14 +276,16 @@ def schedule_problem(workload, topology: Topology, *, mode: str = "unaware", sou
     if not channels:
         raise InputError(source, "topology", f"topology {topology.name!r} has no links")
     timer = _Timer(topology, channels, mode)
-    memo: dict[tuple, tuple[ExecutionPlan, ...]] = {}
+    memo: dict[tuple, tuple[CommOp, tuple[ExecutionPlan, ...], tuple[tuple[Motif, ...], ...]]] = {}
     tasks: list[Task] = []
     options: dict[int, tuple[ExecutionPlan, ...]] = {}
+    ops: dict[int, CommOp] = {}
+    decompositions: dict[int, tuple[tuple[Motif, ...], ...]] = {}
     segments = tuple(segments)
     for it in workload.items:
         deps = tuple(it.deps)
         if it.kind != "comm":
-            tasks.append(Task(it.id, "compute", float(it.duration_us), deps, it.name))
+            tasks.append(Task(it.id, "compute", float(it.duration_us), deps, it.name, it.iteration))
             continue
         group = tuple(int(r) for r in it.group)
         for r in group:
@@ -292,7 +294,7 @@ def schedule_problem(workload, topology: Topology, *, mode: str = "unaware", sou
                                  f"comm op {it.name!r} ({it.collective}) uses rank {r}, but topology "
                                  f"{topology.name!r} has ranks 0..{topology.num_ranks - 1}")
         if len(group) <= 1 or it.nbytes <= 0:
-            tasks.append(Task(it.id, "compute", 0.0, deps, it.name))
+            tasks.append(Task(it.id, "compute", 0.0, deps, it.name, it.iteration))
             continue
         key = (it.collective, int(it.nbytes), group)
         if key not in memo:
@@ -300,8 +302,9 @@ def schedule_problem(workload, topology: Topology, *, mode: str = "unaware", sou
             if it.collective in M.BLOCKED and nbytes % len(group):
                 nbytes += len(group) - nbytes % len(group)  # round up to whole blocks
             op = CommOp(it.collective, nbytes, group)
-            memo[key] = tuple(c.plan for c in motif_candidates(op, topology, channels, segments=segments,
-                                                               splines=splines, mode=mode, _timer=timer))
-        tasks.append(Task(it.id, "comm", 0.0, deps, it.name))
-        options[it.id] = memo[key]
-    return ScheduleProblem(tuple(tasks), options, tuple(channels))
+            candidates = motif_candidates(op, topology, channels, segments=segments, splines=splines, mode=mode,
+                                          _timer=timer)
+            memo[key] = op, tuple(c.plan for c in candidates), tuple(c.motifs for c in candidates)
+        tasks.append(Task(it.id, "comm", 0.0, deps, it.name, it.iteration))
+        ops[it.id], options[it.id], decompositions[it.id] = memo[key]
+    return ScheduleProblem(tuple(tasks), options, tuple(channels), ops, decompositions)

@@ -16,7 +16,7 @@ REQUIRED = ("algorithm", "options", "channels", "comm_ops", "predicted", "system
 
 
 def _check_motifs(payload: dict, source: str) -> None:
-    iteration = payload["predicted"]["iteration_us"]
+    iteration = payload["predicted"]["makespan_us"]
     starts: dict[float, int] = {}
     for i, op in enumerate(payload["comm_ops"]):
         for j, m in enumerate(op["motifs"]):
@@ -25,7 +25,7 @@ def _check_motifs(payload: dict, source: str) -> None:
                 raise InputError(source, where, f"runs {m['end_us'] - m['start_us']} us, its duration is "
                                                 f"{m['duration_us']} us")
             if m["end_us"] > iteration * (1 + 1e-9) + 1e-6:
-                raise InputError(source, where, f"ends at {m['end_us']} us, after the iteration ({iteration} us)")
+                raise InputError(source, where, f"ends at {m['end_us']} us, after the unrolled iterations ({iteration} us)")
             seen = starts.setdefault(m["seq"], m["start_us"])
             if not math.isclose(seen, m["start_us"], rel_tol=1e-12, abs_tol=1e-9):
                 raise InputError(source, f"{where}.seq", f"sequence number {m['seq']} is shared by motifs issued "
@@ -50,9 +50,9 @@ def _replay(payload: dict, source: str, model_path: str, topology_spec: str) -> 
         makespan = optsched(problem, plan, order).makespan_us
     except ValueError as exc:
         raise InputError(source, "$.payload.comm_ops", str(exc)) from None
-    predicted = payload["predicted"]["iteration_us"]
+    predicted = payload["predicted"]["makespan_us"]
     if not math.isclose(makespan, predicted, rel_tol=1e-9, abs_tol=1e-6):
-        raise InputError(source, "$.payload.predicted.iteration_us",
+        raise InputError(source, "$.payload.predicted.makespan_us",
                          f"{predicted} but optSched gives {makespan} with the plan's execution options")
 
 
@@ -67,5 +67,6 @@ def validate_schedule_plan(plan: PlanFile, source: str, model_path: str | None, 
         _replay(payload, source, model_path, topology_spec)
         replayed = ", replayed by optSched"
     motifs = sum(len(op["motifs"]) for op in payload["comm_ops"])
-    return (f"{len(payload['comm_ops'])} comm-ops, {motifs} motifs, iteration "
-            f"{payload['predicted']['iteration_us']:.1f} us{replayed}")
+    predicted = payload["predicted"]
+    return (f"{len(payload['comm_ops'])} comm-ops, {motifs} motifs, iteration {predicted['iteration_us']:.1f} us "
+            f"({predicted['iterations']} unrolled: {predicted['makespan_us']:.1f} us){replayed}")
