@@ -360,10 +360,11 @@ def plan_threads_cmd(ctx: click.Context, model_path, nodes, contention_path, thr
 @click.option("--topology", "topology_spec", required=True, help="Topology preset or file (its link classes are "
                                                                   "the channels).")
 @topology_options
-@click.option("--algorithm", type=click.Choice(["syndicate", "fifo", "lifo", "exec-only", "sched-only"]),
+@click.option("--algorithm", type=click.Choice(["syndicate", "fifo", "lifo", "hand", "exec-only", "sched-only"]),
               default="syndicate", show_default=True,
               help="syndicate: MCMC over execution plans costed by optSched; fifo: PyTorch's default; lifo: LIFO "
-                   "with the segment oracle (ByteScheduler+); exec-only, sched-only: one half of Syndicate.")
+                   "with the segment oracle (ByteScheduler+); hand: the comm-op needed soonest first; "
+                   "exec-only, sched-only: one half of Syndicate.")
 @click.option("--budget-s", type=click.FloatRange(min=0, min_open=True), default=60.0, show_default=True,
               help="Wall-clock cap of each search.")
 @click.option("--max-steps", type=click.IntRange(min=1), default=2000, show_default=True,
@@ -509,6 +510,9 @@ def _memory_sweep(ctx, problem, sweep_text, memory_options, options, out_dir, in
 @click.option("--gantt", "gantt_path", type=click.Path(), default=None, help="Iteration: timeline PNG.")
 @click.option("--exposed-plot", "exposed_path", type=click.Path(), default=None,
               help="Iteration: exposed vs overlapped communication PNG.")
+@click.option("--gantt-systems", "gantt_systems_path", type=click.Path(), default=None,
+              help="Schedule plan (with --model, --topology): Gantt PNG of every compared system, one panel each "
+                   "(optSched's replay), plus <stem>.<system>.png per system.")
 @click.option("--size", "size_text", default=None, help="One buffer size (nccl-tests' convention).")
 @click.option("--sizes", "sizes_text", default=None, help="Sizes: LO..HI (x4 steps) or a comma list, e.g. 1KiB..1GiB.")
 @click.option("--plot", "plot_path", type=click.Path(), default=None,
@@ -516,20 +520,23 @@ def _memory_sweep(ctx, problem, sweep_text, memory_options, options, out_dir, in
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
 def simulate(files, topology_spec, nodes, chunk_size, time_unit_us, model_path, workload_spec, algorithm, mode, policy,
              channels, splits, iterations, dims_text, gantt_path, exposed_path, size_text, sizes_text, plot_path,
-             as_json) -> None:
+             as_json, gantt_systems_path) -> None:
     """Simulate a training iteration (--model or --workload, with --topology; plans optional), time MSCCL-EF
     algorithms under the alpha-beta model, or replay memory plans (memory over the step)."""
     from mlopt.formats.loaders import resolve_topology
     from mlopt.formats.sizes import parse_size, parse_size_range
     from mlopt.sim.report import simulation_rows
 
+    if gantt_systems_path and (model_path is None or topology_spec is None):
+        raise click.UsageError("--gantt-systems draws a schedule plan's systems: give the plan with --model TRACE "
+                               "and --topology")
     if workload_spec is not None or (model_path is not None and topology_spec is not None):
         from mlopt.sim.evaluate import EvaluateOptions
 
         options = EvaluateOptions(algorithm=algorithm, mode=mode, policy=policy, channels=channels, splits=splits,
                                   iterations=iterations, dims=_parse_dims(dims_text))
         _simulate_iteration(files, topology_spec, _topology_options(nodes, chunk_size, time_unit_us), model_path,
-                            workload_spec, options, gantt_path, exposed_path, as_json)
+                            workload_spec, options, gantt_path, exposed_path, as_json, gantt_systems_path)
         return
     if not files:
         raise click.UsageError("give FILES (MSCCL-EF XML or memory plans), or --model/--workload with --topology")
@@ -598,7 +605,7 @@ def _iteration_workload(model_path: str | None, workload_spec: str | None, itera
 
 
 def _simulate_iteration(files, topology_spec, topology_opts, model_path, workload_spec, options, gantt_path,
-                        exposed_path, as_json) -> None:
+                        exposed_path, as_json, gantt_systems_path=None) -> None:
     from mlopt.formats.loaders import resolve_topology
     from mlopt.sim import evaluate as ev
 
@@ -615,6 +622,8 @@ def _simulate_iteration(files, topology_spec, topology_opts, model_path, workloa
         raise click.UsageError("give at most one thread plan and one schedule plan")
     if plans.schedules and trace is None:
         raise click.UsageError("a schedule plan applies to a trace: give --model TRACE")
+    if gantt_systems_path and not plans.schedules:
+        raise click.UsageError("--gantt-systems draws the systems of a schedule plan: give one (mlopt plan schedule)")
     for path in plans.threads:
         from mlopt.formats.plan import load_plan
 
@@ -636,6 +645,12 @@ def _simulate_iteration(files, topology_spec, topology_opts, model_path, workloa
         from mlopt.sim.training_plots import plot_exposed
 
         plot_exposed(report, exposed_path, title=title)
+    if gantt_systems_path:
+        from mlopt.formats.plan import load_plan
+        from mlopt.planners.schedule.gantt import write_system_gantts
+
+        write_system_gantts(plans.schedules[0], load_plan(plans.schedules[0]).payload, trace, topology, source,
+                            gantt_systems_path, title=f"{title}: systems of {Path(plans.schedules[0]).name}")
     if as_json:
         _print_json(ev.summary(report, topology, options, workload))
         return

@@ -27,7 +27,7 @@ def test_plan_lists_every_comm_op_of_two_iterations_and_validates(run_cli, trace
     assert plan["kind"] == "schedule" and plan["provenance"]["status"] == "heuristic"
     assert len(payload["comm_ops"]) == 8  # DDP's 2 broadcasts and 2 buckets, two iterations unrolled
     assert payload["search"] == {"iterations": 100, "stop_reason": "max_steps"}
-    assert set(payload["systems"]) == {"fifo", "bs+", "s-exec", "s-sched", "syndicate"}
+    assert set(payload["systems"]) == {"fifo", "bs+", "hand", "s-exec", "s-sched", "syndicate"}
     assert payload["predicted"]["iteration_us"] == pytest.approx(payload["systems"]["syndicate"])
     assert payload["predicted"]["iteration_us"] <= payload["systems"]["fifo"] * (1 + 1e-9)
     checked = run_cli("validate", tmp_path / "s.json", "--model", trace, "--topology", "fully-connected:2")
@@ -41,10 +41,10 @@ def test_same_seed_same_plan(run_cli, trace, tmp_path):
     assert (tmp_path / "a" / "s.json").read_bytes() == (tmp_path / "b" / "s.json").read_bytes()
 
 
-@pytest.mark.parametrize("algorithm", ["fifo", "lifo", "exec-only", "sched-only"])
+@pytest.mark.parametrize("algorithm", ["fifo", "lifo", "hand", "exec-only", "sched-only"])
 def test_every_system_validates(run_cli, trace, tmp_path, algorithm):
     plan = _plan(run_cli, trace, tmp_path / "s.json", "--algorithm", algorithm)
-    name = {"fifo": "fifo", "lifo": "bs+", "exec-only": "s-exec", "sched-only": "s-sched"}[algorithm]
+    name = {"fifo": "fifo", "lifo": "bs+", "hand": "hand", "exec-only": "s-exec", "sched-only": "s-sched"}[algorithm]
     assert plan["payload"]["predicted"]["iteration_us"] == pytest.approx(plan["payload"]["systems"][name])
     assert run_cli("validate", tmp_path / "s.json", "--model", trace, "--topology", "fully-connected:2").code == 0
 

@@ -10,6 +10,8 @@ from mlopt.planners.schedule.motifs import (
     CommOp,
     Motif,
     compose,
+    group_spline_alltoall,
+    hierarchical_allreduce,
     implements,
     ring_allreduce,
     ring_allreduce_motif,
@@ -186,3 +188,20 @@ def test_race_cycle_and_foreign_ranks_are_caught():
 def test_bad_arguments_raise(call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+@pytest.mark.parametrize("size,n", [(4, 2), (8, 2), (8, 4), (6, 3), (16, 8)])
+def test_hierarchical_allreduce_and_group_spline_implement_the_op(size, n):
+    op = make("allreduce", size, per_rank=n * 4)
+    motifs = hierarchical_allreduce(op, n)
+    assert implements(op, motifs) == []
+    assert [m.collective for m in motifs] == (["reducescatter"] * (size // n) + ["allreduce"] * n
+                                              + ["allgather"] * (size // n))
+    assert implements(op, [m for m in motifs if m.collective != "allgather"])  # without the AG it is not one
+    a2a = make("alltoall", size, per_rank=4)
+    parts = group_spline_alltoall(a2a, n)
+    assert implements(a2a, parts) == [] and len(parts) == size // n
+    group = {r: i // n for i, r in enumerate(a2a.ranks)}
+    assert all(group[a] == group[b] for a, b in parts[0].pattern)  # motif 0 stays inside the groups
+    assert all(group[a] != group[b] for m in parts[1:] for a, b in m.pattern)
+    assert implements(a2a, parts[1:])  # the inside-group pairs are missing then

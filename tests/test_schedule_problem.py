@@ -4,7 +4,7 @@ from mlopt.errors import InputError
 from mlopt.formats.topology import Link, Node, Topology, from_spec
 from mlopt.planners.schedule.motifs import CommOp, implements
 from mlopt.planners.schedule.optsched import ScheduleProblem, Task, optsched
-from mlopt.planners.schedule.problem import channels_of, motif_candidates, motif_options, schedule_problem
+from mlopt.planners.schedule.problem import MAX_OPTIONS, channels_of, motif_candidates, motif_options, schedule_problem
 from mlopt.planners.schedule.search import fifo_default, mcmc
 from mlopt.sim.collective_algorithms import collective_time
 from mlopt.sim.workload import parse_workload_spec
@@ -49,29 +49,43 @@ def test_candidates_implement_the_op(spec, collective):
     op = CommOp(collective, 64 * n * 4, tuple(range(n)))
     cands = motif_candidates(op, topo)
     assert cands[0].plan.label == "default" and len(cands[0].plan.motifs) == 1
-    assert 2 <= len(cands) <= 12
+    assert 2 <= len(cands) <= MAX_OPTIONS
     labels = [c.plan.label for c in cands]
     assert len(set(labels)) == len(labels)
     for c in cands:
-        assert len(c.motifs) == len(c.plan.motifs)
+        assert len(c.parts) == len(c.plan.motifs)
         assert implements(op, list(c.motifs)) == [], c.plan.label
-        for run, m in zip(c.plan.motifs, c.motifs):
-            assert run.deps == m.deps and run.channels and run.duration_us >= 0
+        first = [sum(len(p) for p in c.parts[:r]) for r in range(len(c.parts))]  # flat index of each run
+        run_of = {first[r] + k: r for r, part in enumerate(c.parts) for k in range(len(part))}
+        for r, (run, part) in enumerate(zip(c.plan.motifs, c.parts)):
+            assert run.channels and run.duration_us >= 0
+            assert set(run.deps) == {run_of[d] for m in part for d in m.deps}  # run deps = its motifs' deps
+            ranks = [x for m in part for x in m.ranks]
+            assert len(ranks) == len(set(ranks))  # a run's motifs are on disjoint ranks
     assert motif_options(op, topo) == tuple(c.plan for c in cands)  # deterministic
 
 
 def test_default_is_ring_on_whole_topology(dgx):
     op = CommOp("allreduce", 64 << 20, tuple(range(32)))
     plans = motif_options(op, dgx)
-    assert plans[0].motifs[0].duration_us == pytest.approx(
-        collective_time("allreduce", "ring", op.ranks, op.nbytes, dgx).time_us)
+    # NCCL's rings across nodes: 16 rings (one per GPU of a node), ring k each node's run rotated by k, each
+    # carrying 1/16 of the payload at once; faster than one ring that crosses between nodes on one NIC pair
+    single = collective_time("allreduce", "ring", op.ranks, op.nbytes, dgx).time_us
+    rotated = [tuple(r for base in (0, 16) for r in [base + (k + i) % 16 for i in range(16)]) for k in range(16)]
+    multi = max(collective_time("allreduce", "ring", ring, op.nbytes / 16, dgx).time_us for ring in rotated)
+    assert multi < single
+    assert plans[0].motifs[0].duration_us == pytest.approx(multi)
     assert plans[0].motifs[0].channels == frozenset({"nvswitch", "ib"})
     # an intra-node op holds only the intra-node channel
     intra = motif_options(CommOp("allreduce", 64 << 20, tuple(range(8))), dgx)
     assert intra[0].motifs[0].channels == frozenset({"nvswitch"})
     # the node-splined tree puts the leaders' all-reduce on ib alone and the rest on nvswitch
+    # (the two per-node reduces run together, as do the two broadcasts)
     spl = next(p for p in plans if p.label == "spline16")
-    assert [sorted(m.channels) for m in spl.motifs] == [["nvswitch"], ["nvswitch"], ["ib"], ["nvswitch"], ["nvswitch"]]
+    assert [sorted(m.channels) for m in spl.motifs] == [["nvswitch"], ["ib"], ["nvswitch"]]
+    # the 2-D all-reduce: RS in every node, 16 across-node all-reduces of 1/16 of the buffer on ib, AG
+    hier = next(p for p in plans if p.label == "hierAR16")
+    assert [sorted(m.channels) for m in hier.motifs] == [["nvswitch"], ["ib"], ["nvswitch"]]
 
 
 def test_ndv2_default_falls_back_when_ring_lacks_links():
@@ -83,10 +97,11 @@ def test_ndv2_default_falls_back_when_ring_lacks_links():
 
 
 def _two_class_topology():
-    """2 nodes x 2 ranks; every ordered pair has BOTH an nvlink and an ib link. validate_topology rejects
+    """1 node of 4 ranks (so NCCL-style rings per GPU pair across nodes do not apply); every ordered pair has
+    BOTH an nvlink and an ib link. validate_topology rejects
     two links on one pair, so no preset has this: it is the only way two single channels can each carry
     a group alone (in the presets ib links only join different nodes and nvlink/nvswitch only the same node)."""
-    nodes = (Node("n0", (0, 1)), Node("n1", (2, 3)))
+    nodes = (Node("n0", (0, 1, 2, 3)),)
     links = tuple(Link(a, b, 5.0, 1000.0 / bw, cls) for cls, bw in (("nvlink", 100.0), ("ib", 100.0))
                   for a in range(4) for b in range(4) if a != b)
     return Topology("twoclass", nodes, links)

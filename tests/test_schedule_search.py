@@ -13,12 +13,14 @@ from mlopt.planners.schedule.optsched import (
     Task,
     critical_paths,
     default_plan,
+    framework_issue,
     optsched,
 )
 from mlopt.planners.schedule.search import (
     compare,
     fifo_default,
     greedy_plan,
+    hand_priority,
     lifo_oracle,
     mcmc,
     oracle_plan,
@@ -259,3 +261,26 @@ def test_lifo_oracle_picks_best_same_channel_option():
 def test_mcmc_optimum_across_seeds(seed, order):
     prob = tiny_search_problem()
     assert mcmc(prob, HUGE, seed, order=order, **DET).makespan_us == brute_force(prob, order)
+
+
+def test_framework_issue_holds_a_comm_op_behind_the_compute_issued_before_it():
+    # c0 (10) ; prep (needs nothing) ; c2 (5, needs prep). An enforcer may start prep at 0, overlapping c0;
+    # PyTorch enqueues prep behind c0 on the stream, so it starts at 10.
+    tasks = (comp(0, 10), comm(1, name="prep"), comp(2, 5, 1))
+    prob = ScheduleProblem(tasks, {1: (P("p", M("m", 8, "x")),)}, ("x",))
+    assert optsched(prob, order="fifo").makespan_us == 15.0  # prep 0-8 under c0, c2 10-15
+    framework = framework_issue(prob)
+    assert framework.tasks[1].deps == (0,) and framework.tasks[0] == tasks[0] and framework.tasks[2] == tasks[2]
+    assert optsched(framework, order="fifo").makespan_us == 23.0  # prep 10-18, c2 18-23
+
+
+def test_hand_priority_serves_the_comm_op_needed_first():
+    # a and b both ready at 1 on one channel; b feeds the next compute, a only the last one. FIFO (issue
+    # order) sends a first; "needed" sends b first.
+    tasks = (comp(0, 1), comm(1, 0, name="a"), comm(2, 0, name="b"), comp(3, 2, 2), comp(4, 30), comp(5, 1, 1))
+    opts = {1: (P("a", M("a", 10, "x")),), 2: (P("b", M("b", 10, "x")),)}
+    prob = ScheduleProblem(tasks, opts, ("x",))
+    assert optsched(prob, order="fifo").makespan_us == 54.0  # a 1-11, b 11-21, c3 21-23, c4 23-53, c5 53-54
+    hand = hand_priority(prob)
+    assert hand.name == "hand" and hand.schedule.order == "needed"
+    assert hand.makespan_us == 44.0  # b 1-11, a 11-21, c3 11-13, c4 13-43, c5 43-44

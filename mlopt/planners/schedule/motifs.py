@@ -328,6 +328,37 @@ def _spline_gather_scatter(m: Motif, n: int) -> list[Motif]:
     return _staged(stages) or [replace(m, deps=())]
 
 
+def hierarchical_allreduce_motif(m: Motif, n: int) -> list[Motif]:
+    """2-D all-reduce (NCCL's hierarchical form; the ring all-reduce's RS -> AG with an all-reduce across
+    groups in between): ||_c RS(PG[cn:(c+1)n]) -> ||_t AR({member t of every group}) on block t ->
+    ||_c AG(PG[cn:(c+1)n]). Block t (1/n of the buffer) is reduced by member t of each group, so the
+    across-group all-reduces move 1/n of the buffer each, on disjoint ranks (their own NICs)."""
+    _expect(m, "allreduce")
+    groups = _groups(m.ranks, n)
+    blocks = tuple(_split_equal(m.regions[0], n))
+    within_rs = [Motif("reducescatter", g, blocks) for g in groups if len(g) > 1]
+    across = [Motif("allreduce", tuple(g[t] for g in groups), (blocks[t],)) for t in range(n) if len(groups) > 1]
+    within_ag = [Motif("allgather", g, blocks) for g in groups if len(g) > 1]
+    return _staged([within_rs, across, within_ag]) or [replace(m, deps=())]
+
+
+def group_spline_alltoall_motif(m: Motif, n: int) -> list[Motif]:
+    """Splined all-to-all by whole groups (the node-aligned form of §4.2.1's splining): with G = N/n groups
+    of n consecutive ranks, motif c carries the pairs whose destination group is the source's group + c
+    (mod G); motif 0 stays inside every group (e.g. NVLink only), the others cross groups (e.g. RDMA)."""
+    _expect(m, "alltoall")
+    groups = _groups(m.ranks, n)
+    group_of = {r: k for k, g in enumerate(groups) for r in g}
+    allowed = None if m.pattern is None else set(m.pattern)
+    out = []
+    for c in range(len(groups)):
+        pairs = tuple((a, b) for a in m.ranks for b in m.ranks
+                      if (group_of[b] - group_of[a]) % len(groups) == c and (allowed is None or (a, b) in allowed))
+        if pairs:
+            out.append(replace(m, pattern=pairs, deps=()))
+    return _restage(out)
+
+
 def spline_motif(m: Motif, n: int, recursive: bool = False) -> list[Motif]:
     """Splining with group size n (App. A.1; see the module docstring for the rule per collective).
 
@@ -374,6 +405,16 @@ def ring_allreduce(op: CommOp) -> list[Motif]:
 def tree_allreduce(op: CommOp, n: int = 2, recursive: bool = True) -> list[Motif]:
     """A.1 tree all-reduce: RE || -> AR (recursively a tree) -> BC ||, groups of n ranks."""
     return tree_allreduce_motif(as_motif(op), n, recursive)
+
+
+def hierarchical_allreduce(op: CommOp, n: int) -> list[Motif]:
+    """2-D all-reduce over groups of n ranks: RS within || -> AR across || -> AG within ||."""
+    return hierarchical_allreduce_motif(as_motif(op), n)
+
+
+def group_spline_alltoall(op: CommOp, n: int) -> list[Motif]:
+    """All-to-all splined by whole groups of n ranks (motif c: destination group = source group + c)."""
+    return group_spline_alltoall_motif(as_motif(op), n)
 
 
 def compose(op: CommOp, *steps: Callable[[Motif], list[Motif]]) -> list[Motif]:

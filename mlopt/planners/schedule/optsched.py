@@ -26,7 +26,8 @@ scheduler, which is what the two-clock loop computes once those gaps are filled:
   all free starts now (greedy, non-delay, with backfilling: a lower-priority motif on free channels is
   not held back by a higher-priority one waiting on a busy channel);
 * priority (``order``): ``"critical"`` = the paper's criticalPathDequeue (largest critical path first,
-  see :func:`critical_paths`); ``"fifo"`` = the comm task that became ready first (ties: issue order),
+  see :func:`critical_paths`); ``"needed"`` = the comm task whose result the compute stream needs soonest
+  (:func:`needed_by`: the hand-tuned priority baseline); ``"fifo"`` = the comm task that became ready first (ties: issue order),
   motifs of one task in plan order (PyTorch default); ``"lifo"`` = the comm task that became ready last
   first (ByteScheduler). Ties always break by issue order, then motif index, so results are deterministic;
 * the comm task ends when its last motif ends; its successors are then released.
@@ -42,11 +43,11 @@ from __future__ import annotations
 
 import heapq
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Mapping
 
-Order = Literal["fifo", "lifo", "critical"]
-ORDERS: tuple[str, ...] = ("fifo", "lifo", "critical")
+Order = Literal["fifo", "lifo", "critical", "needed"]
+ORDERS: tuple[str, ...] = ("fifo", "lifo", "critical", "needed")
 
 
 @dataclass(frozen=True)
@@ -83,7 +84,8 @@ class ScheduleProblem:
     options: dict[int, tuple[ExecutionPlan, ...]]  # comm task id -> candidate plans; [0] is the default
     channels: tuple[str, ...]
     # What the motifs do, for plans and the runtime's enforcer (problem.py fills them; optSched ignores them):
-    # comm task id -> its collective (a motifs.CommOp), and per option the motifs.Motif of each MotifRun.
+    # comm task id -> its collective (a motifs.CommOp), and per option, per MotifRun, the motifs.Motifs it
+    # issues together (their deps index the option's motifs flattened in run order).
     ops: dict[int, Any] = field(default_factory=dict)
     decompositions: dict[int, tuple[tuple[Any, ...], ...]] = field(default_factory=dict)
 
@@ -222,6 +224,22 @@ def _successors(tasks: tuple[Task, ...]) -> list[set[int]]:
     return succ
 
 
+def framework_issue(problem: ScheduleProblem) -> ScheduleProblem:
+    """The problem as a framework issues comm-ops without an enforcer (PyTorch's ProcessGroupNCCL): a
+    collective is enqueued when the application thread reaches it, behind an event on the compute stream, so
+    it cannot start before the compute task issued just before it has finished. Each comm task gains that
+    dependency; the data-prep all-to-all of the next batch therefore waits for this iteration's last compute,
+    which Syndicate's enforcer (Pseudocode 2, the plan's order and data dependencies only) does not."""
+    tasks, last_compute = [], None
+    for t in problem.tasks:
+        if t.kind == "comm" and last_compute is not None and last_compute not in t.deps:
+            t = replace(t, deps=t.deps + (last_compute,))
+        if t.kind == "compute":
+            last_compute = t.id
+        tasks.append(t)
+    return replace(problem, tasks=tuple(tasks))
+
+
 def default_plan(problem: ScheduleProblem) -> dict[int, int]:
     """Option 0 for every comm task."""
     return {t.id: 0 for t in problem.tasks if t.kind == "comm"}
@@ -300,6 +318,24 @@ def _combined_reverse_order(tasks: tuple[Task, ...], succ: list[set[int]]) -> li
     return order[::-1]
 
 
+def needed_by(problem: ScheduleProblem, rev: list[int]) -> dict[int, float]:
+    """Per task, the issue position of the first compute task that waits for it (itself for a compute
+    task; through other comm tasks too); inf when no compute task does. The "needed" order (the hand-tuned
+    priority a person would write: the comm-op the compute stream needs soonest goes first) sorts by it."""
+    tasks = problem.tasks
+    pos = {t.id: i for i, t in enumerate(tasks)}
+    succ: list[list[int]] = [[] for _ in tasks]
+    for i, t in enumerate(tasks):
+        for d in set(t.deps):
+            succ[pos[d]].append(i)
+    out: dict[int, float] = {}
+    for i in rev:
+        t = tasks[i]
+        out[t.id] = float(i) if t.kind == "compute" else min((out[tasks[k].id] for k in succ[i]),
+                                                               default=math.inf)
+    return out
+
+
 # ------------------------------------------------------------------------------------------ scheduler
 
 
@@ -317,6 +353,7 @@ def simulate(problem: ScheduleProblem, plan: dict[int, int], order: str, rev: li
     tasks = problem.tasks
     pos = {t.id: i for i, t in enumerate(tasks)}
     _, motif_cp = critical_paths(problem, plan, rev)
+    needed = needed_by(problem, rev) if order == "needed" else {}
     waiting = {t.id: len(set(t.deps)) for t in tasks}
     succ: dict[int, list[int]] = {t.id: [] for t in tasks}
     for t in tasks:
@@ -363,6 +400,8 @@ def simulate(problem: ScheduleProblem, plan: dict[int, int], order: str, rev: li
             return (-motif_cp[item], pos[tid], j)
         if order == "fifo":
             return (comm_ready[tid], pos[tid], j)
+        if order == "needed":
+            return (needed[tid], pos[tid], j)
         return (-comm_ready[tid], -pos[tid], j)
 
     for t in tasks:

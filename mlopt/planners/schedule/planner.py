@@ -22,10 +22,10 @@ from mlopt.formats.plan import Plan
 from mlopt.planners.options import PlannerOptions
 from mlopt.planners.result import heuristic_plan
 from mlopt.planners.schedule import search
-from mlopt.planners.schedule.optsched import ScheduleProblem
+from mlopt.planners.schedule.optsched import ScheduleProblem, framework_issue
 
-ALGORITHMS = ("syndicate", "fifo", "lifo", "exec-only", "sched-only")
-SYSTEM_NAMES = {"syndicate": "syndicate", "fifo": "fifo", "lifo": "bs+", "exec-only": "s-exec",
+ALGORITHMS = ("syndicate", "fifo", "lifo", "hand", "exec-only", "sched-only")
+SYSTEM_NAMES = {"syndicate": "syndicate", "fifo": "fifo", "lifo": "bs+", "hand": "hand", "exec-only": "s-exec",
                 "sched-only": "s-sched"}
 
 
@@ -33,26 +33,40 @@ SYSTEM_NAMES = {"syndicate": "syndicate", "fifo": "fifo", "lifo": "bs+", "exec-o
 class ScheduleOptions:
     """One field per CLI option of `mlopt plan schedule` (mlopt/cli.py), same names."""
 
-    algorithm: str = "syndicate"  # --algorithm: syndicate | fifo | lifo (LIFO + segment oracle) | exec-only | sched-only
+    algorithm: str = "syndicate"  # --algorithm: syndicate | fifo | lifo (LIFO + segment oracle) | hand | exec-only | sched-only
     budget_s: float = 60.0  # --budget-s: wall-clock cap of each search
     max_steps: int = 2000  # --max-steps: proposals per search (deterministic stop)
     mode: str = "unaware"  # --mode: network mode the motifs are timed in (unaware | aware | fifo)
     iterations: int = 2  # --iterations: training iterations unrolled (2: cross-iteration moves)
 
 
+# How each system's comm-ops are issued: "framework" (no enforcer: a comm-op waits for the compute issued before
+# it, optsched.framework_issue) or "enforcer" (Syndicate's enforcer: the plan's order, data dependencies only).
+SYSTEM_ISSUE = {"fifo": "framework", "bs+": "framework", "hand": "enforcer", "s-exec": "framework",
+                "s-sched": "enforcer", "syndicate": "enforcer"}
+
+
+def issued(problem: ScheduleProblem, issue: str) -> ScheduleProblem:
+    """The problem a system with this issue model schedules."""
+    return framework_issue(problem) if issue == "framework" else problem
+
+
 def run_systems(problem: ScheduleProblem, options: ScheduleOptions, seed: int) -> dict[str, search.SearchResult]:
     """Every compared system on the problem (searches stop at max_steps or budget_s)."""
     kwargs = {"max_steps": options.max_steps, "stop_on_stagnation": False}
+    framework = issued(problem, "framework")
     return {
-        "fifo": search.fifo_default(problem),
-        "bs+": search.lifo_oracle(problem),
-        "s-exec": search.s_exec(problem, options.budget_s, seed, **kwargs),
+        "fifo": search.fifo_default(framework),
+        "bs+": search.lifo_oracle(framework),
+        "hand": search.hand_priority(problem),
+        "s-exec": search.s_exec(framework, options.budget_s, seed, **kwargs),
         "s-sched": search.s_sched(problem),
         "syndicate": search.syndicate(problem, options.budget_s, seed, **kwargs),
     }
 
 
-SYSTEM_ORDERS = {"fifo": "fifo", "bs+": "lifo", "s-exec": "fifo", "s-sched": "critical", "syndicate": "critical"}
+SYSTEM_ORDERS = {"fifo": "fifo", "bs+": "lifo", "hand": "needed", "s-exec": "fifo", "s-sched": "critical",
+                 "syndicate": "critical"}
 
 
 def _motif_details(motif) -> dict[str, Any]:
@@ -73,14 +87,18 @@ def comm_op_rows(problem: ScheduleProblem, result: search.SearchResult) -> list[
             continue
         option = result.plan.get(task.id, 0)
         plan = problem.options[task.id][option]
-        decomposition = problem.decompositions.get(task.id, ())
+        parts = problem.decompositions[task.id][option] if task.id in problem.decompositions else None
         motifs = []
         for slot in sorted(slots.get(task.id, []), key=lambda s: s.motif_index):
             run = plan.motifs[slot.motif_index]
-            details = _motif_details(decomposition[option][slot.motif_index]) if decomposition else {}
-            motifs.append({"name": run.name, **details, "channels": sorted(run.channels),
-                           "duration_us": run.duration_us, "start_us": slot.start_us, "end_us": slot.end_us,
-                           "seq": slot.seq})
+            timing = {"channels": sorted(run.channels), "duration_us": run.duration_us, "start_us": slot.start_us,
+                      "end_us": slot.end_us, "seq": slot.seq}
+            if parts is None:
+                motifs.append({"name": run.name, **timing})
+                continue
+            for k, motif in enumerate(parts[slot.motif_index]):
+                name = run.name if len(parts[slot.motif_index]) == 1 else f"{run.name}#{k}"
+                motifs.append({"name": name, "run": slot.motif_index, **_motif_details(motif), **timing})
         op = problem.ops.get(task.id)
         collective = {} if op is None else {"collective": op.collective, "nbytes": op.nbytes,
                                             "ranks": list(op.ranks), "root": op.root}
@@ -93,7 +111,7 @@ def system_rows(problem: ScheduleProblem, results: dict[str, search.SearchResult
                 iterations: int) -> dict[str, dict[str, Any]]:
     """Per compared system: its issue order, execution option per comm-op (issue order) and times."""
     comm = [t.id for t in problem.tasks if t.kind == "comm"]
-    return {name: {"order": SYSTEM_ORDERS[name], "options": [r.plan.get(i, 0) for i in comm],
+    return {name: {"order": SYSTEM_ORDERS[name], "issue": SYSTEM_ISSUE[name], "options": [r.plan.get(i, 0) for i in comm],
                    "makespan_us": r.schedule.makespan_us, "iteration_us": r.schedule.makespan_us / iterations,
                    "compute_idle_pct": r.schedule.compute_idle_pct}
             for name, r in results.items()}

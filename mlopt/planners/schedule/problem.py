@@ -46,9 +46,10 @@ from mlopt.formats.topology import Topology
 from mlopt.planners.schedule import motifs as M
 from mlopt.planners.schedule.motifs import CommOp, Motif
 from mlopt.planners.schedule.optsched import ExecutionPlan, MotifRun, ScheduleProblem, Task
-from mlopt.sim.collective_algorithms import ALGORITHMS, collective_time
+from mlopt.sim.collective_algorithms import ALGORITHMS, collective_time, transfer_time
+from mlopt.sim.network import Message
 
-MAX_OPTIONS = 12
+MAX_OPTIONS = 16
 TIMING_ALGORITHMS = ("ring",)
 FALLBACK_ALGORITHMS = tuple(a for a in ALGORITHMS if a != "ring" and not a.startswith("hierarchical"))
 
@@ -104,9 +105,38 @@ class _Timer:
 
     def _try(self, collective, algorithm, ranks, nbytes, topo) -> float | None:
         try:
-            return collective_time(collective, algorithm, ranks, nbytes, topo, mode=self.mode).time_us
+            single = collective_time(collective, algorithm, ranks, nbytes, topo, mode=self.mode).time_us
         except (ValueError, InputError, KeyError, IndexError):
             return None
+        if algorithm != "ring" or topo is not self.topology:
+            return single
+        multi = self._multi_ring(collective, ranks, nbytes)
+        return single if multi is None else min(single, multi)
+
+    def _multi_ring(self, collective, ranks, nbytes) -> float | None:
+        """NCCL's rings across nodes: with the ranks in whole-node runs of g GPUs, g rings each carry 1/g of
+        the payload, ring k visiting every node's run rotated by k, so each ring crosses between nodes at a
+        different GPU pair (its own NICs). The rings share no inter-node link, so they run at once: the time
+        is the slowest ring's. None when the ranks are not whole-node runs or a ring lacks a link."""
+        node = self.topology.node_of()
+        runs: list[list[int]] = [[ranks[0]]]
+        for a, b in zip(ranks, ranks[1:]):
+            if node.get(a) == node.get(b):
+                runs[-1].append(b)
+            else:
+                runs.append([b])
+        g = len(runs[0])
+        if len(runs) < 2 or g < 2 or any(len(r) != g for r in runs):
+            return None
+        times = []
+        for k in range(g):
+            ring = tuple(r for run in runs for r in run[k:] + run[:k])
+            try:
+                times.append(collective_time(collective, "ring", ring, nbytes / g, self.topology,
+                                             mode=self.mode).time_us)
+            except (ValueError, InputError, KeyError, IndexError):
+                return None
+        return max(times)
 
     def time(self, collective: str, ranks: tuple[int, ...], nbytes: int, *, channel: str | None = None,
              algorithms: Sequence[str] = TIMING_ALGORITHMS) -> Timed | None:
@@ -140,14 +170,39 @@ class _Timer:
         return best
 
     def motif(self, m: Motif, channel: str | None = None) -> Timed | None:
-        if m.collective == "alltoall" and m.pattern is not None:
-            n = len(m.ranks)
-            full = self.best("alltoall", m.ranks, m.nbytes, channel=channel)
-            if full is None:
-                return None
-            share = len([p for p in m.pattern if p[0] != p[1]]) / max(1, n * (n - 1))
-            return replace(full, duration_us=full.duration_us * share)
+        if m.collective == "alltoall":
+            return self.alltoall(m, channel)
         return self.best(m.collective, m.ranks, m.nbytes, channel=channel)
+
+    def alltoall(self, m: Motif, channel: str | None = None) -> Timed | None:
+        """An all-to-all (or a splined part of one: its `pattern`) as NCCL runs it, every pair's block sent
+        directly and at once, timed in mode "aware" whatever the problem's mode: the N-1 simultaneous sends
+        of a rank share its NIC and switch port, which mode "unaware" would ignore (~N times too fast)."""
+        pairs = tuple(sorted((a, b) for a, b in (m.pattern if m.pattern is not None else
+                                                 ((a, b) for a in m.ranks for b in m.ranks)) if a != b))
+        key = ("alltoall", pairs, m.length, channel)
+        if key in self.memo:
+            return self.memo[key]
+        if not pairs:
+            res = Timed(0.0, frozenset([channel]) if channel not in (None, "*") else
+                        frozenset([sorted(self.channels)[0]]), "none")
+            self.memo[key] = res
+            return res
+        messages = [Message(a, b, float(m.length)) for a, b in pairs]
+        targets = [(c, topo) for c, topo in self.channels.items() if channel in (None, c)]
+        if channel in (None, "*"):
+            targets.append((None, self.topology))
+        best: Timed | None = None
+        for c, topo in targets:
+            links = {(l.src, l.dst) for l in topo.links}
+            if any(p not in links for p in pairs):
+                continue
+            t = transfer_time(messages, topo, mode="aware")
+            if best is None or t < best.duration_us:
+                chans = frozenset([c]) if c is not None else frozenset(self.link_class[p] for p in pairs)
+                best = Timed(t, chans, "direct")
+        self.memo[key] = best
+        return best
 
     def best(self, collective: str, ranks: tuple[int, ...], nbytes: int, *, channel: str | None = None) -> Timed | None:
         """Ring where it can run; else the fastest fallback algorithm that can (missing ring links)."""
@@ -162,22 +217,59 @@ class _Timer:
 
 @dataclass(frozen=True)
 class Candidate:
-    """An execution plan with the motifs it times (`plan.motifs[i]` runs `motifs[i]`)."""
+    """An execution plan with the motifs it runs: `plan.motifs[i]` (one MotifRun, timed and scheduled as one)
+    runs the motifs `parts[i]`, which are issued together; their `deps` index the flattened parts."""
 
     plan: ExecutionPlan
-    motifs: tuple[Motif, ...]
+    parts: tuple[tuple[Motif, ...], ...]
+
+    @property
+    def motifs(self) -> tuple[Motif, ...]:
+        return tuple(m for run in self.parts for m in run)
+
+
+def pack_runs(motifs: Sequence[Motif]) -> list[list[int]]:
+    """Group a decomposition's motifs into runs issued together: motifs of one stage and one collective on
+    pairwise disjoint ranks (A.1's "||" over groups) share a run, so that e.g. the per-node reduces of a tree
+    all-reduce run at once instead of queueing for the channel they both hold. Runs are in stage order (a
+    motif's deps are in earlier stages, hence earlier runs); inside a run motifs keep their order."""
+    runs: list[list[int]] = []
+    for i in sorted(range(len(motifs)), key=lambda k: (motifs[k].stage, k)):
+        m = motifs[i]
+        for run in runs:
+            head = motifs[run[0]]
+            if (head.stage, head.collective) == (m.stage, m.collective) and \
+                    not set(m.ranks) & {r for j in run for r in motifs[j].ranks}:
+                run.append(i)
+                break
+        else:
+            runs.append([i])
+    return runs
 
 
 def _runs(label: str, motifs: list[Motif], timer: _Timer,
-          channel_of: Sequence[str | None] | None = None) -> ExecutionPlan | None:
-    runs = []
-    for i, m in enumerate(motifs):
-        t = timer.motif(m, None if channel_of is None else channel_of[i])
-        if t is None:
+          channel_of: Sequence[str | None] | None = None) -> Candidate | None:
+    """The candidate running `motifs` as packed runs; a run lasts as long as its slowest motif (its motifs
+    use disjoint ranks, so disjoint ports) and holds the union of their channels. None if a motif cannot run."""
+    runs = pack_runs(motifs)
+    if channel_of is not None and any(len({channel_of[i] for i in run}) > 1 for run in runs):
+        runs = [[i] for run in runs for i in run]  # motifs bound to different channels stay apart
+    flat = {i: k for k, i in enumerate(i for run in runs for i in run)}
+    run_of = {i: r for r, run in enumerate(runs) for i in run}
+    out_runs, parts = [], []
+    for r, run in enumerate(runs):
+        timed = [timer.motif(motifs[i], None if channel_of is None else channel_of[i]) for i in run]
+        if any(t is None for t in timed):
             return None
-        runs.append(MotifRun(f"{label}[{i}]:{m.collective}x{len(m.ranks)}@{'+'.join(sorted(t.channels))}",
-                             t.duration_us, t.channels, tuple(m.deps)))
-    return ExecutionPlan(label, tuple(runs))
+        channels = frozenset().union(*(t.channels for t in timed))
+        head = motifs[run[0]]
+        what = f"{head.collective}x{len(head.ranks)}" if len(run) == 1 else \
+            f"{len(run)}x{head.collective}x{len(head.ranks)}"
+        deps = tuple(sorted({run_of[d] for i in run for d in motifs[i].deps}))
+        out_runs.append(MotifRun(f"{label}[{r}]:{what}@{'+'.join(sorted(channels))}",
+                                 max(t.duration_us for t in timed), channels, deps))
+        parts.append(tuple(replace(motifs[i], deps=tuple(sorted(flat[d] for d in motifs[i].deps))) for i in run))
+    return Candidate(ExecutionPlan(label, tuple(out_runs)), tuple(parts))
 
 
 def _default_splines(op: CommOp, topology: Topology) -> tuple[int, ...]:
@@ -207,12 +299,14 @@ def motif_candidates(op: CommOp, topology: Topology, channels: dict[str, Topolog
     channels = channels_of(topology) if channels is None else channels
     timer = _timer or _Timer(topology, channels, mode)
     whole = M.as_motif(op)
-    default = timer.best(op.collective, op.ranks, op.nbytes, channel="*")
+    default = timer.motif(whole, "*")
+    if default is None:
+        default = timer.best(op.collective, op.ranks, op.nbytes, channel="*")
     if default is None:
         raise InputError("<topology>", "links", f"{op.collective} over ranks {op.ranks}: no algorithm can run "
                          f"on topology {topology.name!r} (missing links)")
     out = [Candidate(ExecutionPlan("default", (MotifRun(f"default:{op.collective}x{len(op.ranks)}",
-                                                        default.duration_us, default.channels),)), (whole,))]
+                                                        default.duration_us, default.channels),)), ((whole,),))]
     seen = {tuple((r.duration_us, r.channels, r.deps) for r in out[0].plan.motifs)}
 
     def add(label: str, build, channel_of_fn=None) -> None:
@@ -222,17 +316,17 @@ def motif_candidates(op: CommOp, topology: Topology, channels: dict[str, Topolog
             ms = build()
         except ValueError:
             return
-        plan = _runs(label, ms, timer, None if channel_of_fn is None else channel_of_fn(ms))
-        if plan is None:
+        cand = _runs(label, ms, timer, None if channel_of_fn is None else channel_of_fn(ms))
+        if cand is None:
             return
-        sig = tuple((r.duration_us, r.channels, r.deps) for r in plan.motifs)
+        sig = tuple((r.duration_us, r.channels, r.deps) for r in cand.plan.motifs)
         if sig in seen:
             return
         seen.add(sig)
-        out.append(Candidate(plan, tuple(ms)))
+        out.append(cand)
 
     # single channels that carry the whole op alone
-    alone = [c for c in sorted(channels) if timer.best(op.collective, op.ranks, op.nbytes, channel=c) is not None]
+    alone = [c for c in sorted(channels) if timer.motif(whole, c) is not None]
     splines = _default_splines(op, topology) if splines is None else tuple(splines)
     n = len(op.ranks)
     for d in segments:
@@ -242,6 +336,10 @@ def motif_candidates(op: CommOp, topology: Topology, channels: dict[str, Topolog
                 lambda ms: [alone[i % len(alone)] for i in range(len(ms))])
     for s in splines:
         if 1 < s < n and n % s == 0:
+            if op.collective == "alltoall":
+                add(f"gspline{s}", lambda s=s: M.group_spline_alltoall(op, s))
+            if op.collective == "allreduce":
+                add(f"hierAR{s}", lambda s=s: M.hierarchical_allreduce(op, s))
             add(f"spline{s}", lambda s=s: M.spline(op, s))
     if op.collective == "allreduce":
         add("ringAR", lambda: M.ring_allreduce(op))
@@ -249,6 +347,12 @@ def motif_candidates(op: CommOp, topology: Topology, channels: dict[str, Topolog
             add("treeAR2", lambda: M.tree_allreduce(op, 2, recursive=True))
     for s in splines:
         if 1 < s < n and n % s == 0:
+            if op.collective == "alltoall":
+                add(f"seg2.gspline{s}", lambda s=s: M.compose(op, lambda m: M.segment_motif(m, 2),
+                                                                lambda m: M.group_spline_alltoall_motif(m, s)))
+            if op.collective == "allreduce":
+                add(f"seg2.hierAR{s}", lambda s=s: M.compose(op, lambda m: M.segment_motif(m, 2),
+                                                               lambda m: M.hierarchical_allreduce_motif(m, s)))
             add(f"seg2.spline{s}", lambda s=s: M.segment_then_spline(op, 2, s))
     return tuple(out)
 
@@ -276,11 +380,11 @@ def schedule_problem(workload, topology: Topology, *, mode: str = "unaware", sou
     if not channels:
         raise InputError(source, "topology", f"topology {topology.name!r} has no links")
     timer = _Timer(topology, channels, mode)
-    memo: dict[tuple, tuple[CommOp, tuple[ExecutionPlan, ...], tuple[tuple[Motif, ...], ...]]] = {}
+    memo: dict[tuple, tuple[CommOp, tuple[ExecutionPlan, ...], tuple]] = {}
     tasks: list[Task] = []
     options: dict[int, tuple[ExecutionPlan, ...]] = {}
     ops: dict[int, CommOp] = {}
-    decompositions: dict[int, tuple[tuple[Motif, ...], ...]] = {}
+    decompositions: dict[int, tuple[tuple[tuple[Motif, ...], ...], ...]] = {}
     segments = tuple(segments)
     for it in workload.items:
         deps = tuple(it.deps)
@@ -304,7 +408,7 @@ def schedule_problem(workload, topology: Topology, *, mode: str = "unaware", sou
             op = CommOp(it.collective, nbytes, group)
             candidates = motif_candidates(op, topology, channels, segments=segments, splines=splines, mode=mode,
                                           _timer=timer)
-            memo[key] = op, tuple(c.plan for c in candidates), tuple(c.motifs for c in candidates)
+            memo[key] = op, tuple(c.plan for c in candidates), tuple(c.parts for c in candidates)
         tasks.append(Task(it.id, "comm", 0.0, deps, it.name, it.iteration))
         ops[it.id], options[it.id], decompositions[it.id] = memo[key]
     return ScheduleProblem(tuple(tasks), options, tuple(channels), ops, decompositions)

@@ -2,8 +2,9 @@
 
 MCMC (Metropolis-Hastings) over execution plans; the cost of a plan is optSched's makespan.
 
-* start: the greedy plan (per comm task, independently, the option with the least total motif duration;
-  ties keep the lower index, so the default wins a tie), or ``initial``;
+* start: ``initial``, else the better under `order` of the greedy plan (per comm task, independently, the
+  option with the least total motif duration; ties keep the lower index) and the default plan (every comm
+  task at option 0), so the search never returns worse than the default;
 * proposal (``transform``): pick a comm task uniformly among those with more than one option, then a new
   option uniformly among its *other* options (never a no-op). The proposal is symmetric, so the MH
   acceptance is ``min(1, exp(-beta * (new - old) / old))``;
@@ -26,9 +27,11 @@ Baselines (all return a :class:`SearchResult`):
 * :func:`fifo_default` - PyTorch default: default plans, comm motifs in order of readiness;
 * :func:`lifo_oracle` - ByteScheduler+ (BS+): LIFO order, with a "segment oracle": for each comm task
   independently, every admissible option is tried alone (all other comm tasks at their default) under
-  LIFO, and the one with the least makespan kept (ties: lower index). Admissible = same channel set as
-  the default plan (segmentation changes payload size, not the interconnect; ByteScheduler runs on the
-  traditional stack), unless ``same_channels_only=False``;
+  LIFO, and the one with the least makespan kept (ties: lower index). Admissible = segmentation only:
+  the same channel set as the default plan and (when the problem records its motifs) every motif the op's
+  own collective over all its ranks (ByteScheduler partitions tensors on the traditional stack; it does
+  not splin or change algorithms), unless ``same_channels_only=False``;
+* :func:`hand_priority` - hand-optimised priority: default plans, the comm-op needed soonest first;
 * :func:`s_exec` - Syndicate-Exec: MCMC over plans, each costed with FIFO order;
 * :func:`s_sched` - Syndicate-Sched: default plans, critical-path order (the paper handicaps S-Sched
   with the default a2a plan; ``oracle=True`` gives it the segment oracle instead, under critical order);
@@ -104,8 +107,8 @@ def mcmc(
     if beta < 0 or not math.isfinite(beta):
         raise ValueError(f"beta must be a finite number >= 0, got {beta!r}")
     rev = validate(problem)
-    current = check_plan(problem, greedy_plan(problem) if initial is None else initial)
-    ids = tuple(current)
+    starts = [greedy_plan(problem), default_plan(problem)] if initial is None else [dict(initial)]
+    ids = tuple(check_plan(problem, starts[0]))
     movable = tuple(i for i in ids if len(problem.options[i]) > 1)
     cache: dict[tuple[int, ...], Schedule] = {}
 
@@ -116,6 +119,7 @@ def mcmc(
         return cache[k]
 
     rng = random.Random(seed)
+    current = min((check_plan(problem, p) for p in starts), key=lambda p: cost(p).makespan_us)  # first on ties
     cur_s = cost(current)
     best, best_s = dict(current), cur_s
     history = [cur_s.makespan_us]
@@ -186,6 +190,17 @@ def fifo_default(problem: ScheduleProblem) -> SearchResult:
     return _fixed(problem, default_plan(problem), "fifo", "fifo")
 
 
+def _segmentation_only(problem: ScheduleProblem, tid: int, k: int) -> bool:
+    """Option k of comm task tid only cuts the payload: every motif is the op's own collective over all its
+    ranks (ByteScheduler partitions tensors; it does not change the algorithm). True when the problem does
+    not say what its motifs do (abstract problems: the channel test alone decides)."""
+    if tid not in problem.decompositions or tid not in problem.ops:
+        return True
+    op = problem.ops[tid]
+    return all(m.collective == op.collective and tuple(m.ranks) == tuple(op.ranks) and m.pattern is None
+               for run in problem.decompositions[tid][k] for m in run)
+
+
 def oracle_plan(problem: ScheduleProblem, order: str, *, same_channels_only: bool = True) -> dict[int, int]:
     """Segment oracle: per comm task, the admissible option best when tried alone (others at default)."""
     rev = validate(problem)
@@ -196,7 +211,8 @@ def oracle_plan(problem: ScheduleProblem, order: str, *, same_channels_only: boo
         channels = frozenset().union(*(m.channels for m in plans[0].motifs))
         best_k, best_t = 0, math.inf
         for k, p in enumerate(plans):
-            if same_channels_only and frozenset().union(*(m.channels for m in p.motifs)) != channels:
+            if same_channels_only and (frozenset().union(*(m.channels for m in p.motifs)) != channels
+                                       or not _segmentation_only(problem, tid, k)):
                 continue
             t = simulate(problem, {**base, tid: k}, order, rev).makespan_us
             if t < best_t:
@@ -215,6 +231,12 @@ def s_sched(problem: ScheduleProblem, *, oracle: bool = False) -> SearchResult:
     """Syndicate-Sched: critical-path scheduling, default plans (or the segment oracle's)."""
     plan = oracle_plan(problem, "critical") if oracle else default_plan(problem)
     return _fixed(problem, plan, "critical", "s-sched")
+
+
+def hand_priority(problem: ScheduleProblem) -> SearchResult:
+    """Hand-optimised priority: default plans, the comm-op the compute stream needs soonest first
+    (order "needed"; what a person tuning priorities by hand, as for the paper's production models, does)."""
+    return _fixed(problem, default_plan(problem), "needed", "hand")
 
 
 def s_exec(problem: ScheduleProblem, budget_s: float, seed: int, **kwargs) -> SearchResult:

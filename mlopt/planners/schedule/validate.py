@@ -38,6 +38,7 @@ def _check_motifs(payload: dict, source: str) -> None:
 def _replay(payload: dict, source: str, model_path: str, topology_spec: str) -> None:
     from mlopt.formats.loaders import load_trace_any, resolve_topology
     from mlopt.planners.schedule.optsched import optsched
+    from mlopt.planners.schedule.planner import issued
     from mlopt.planners.schedule.problem import schedule_problem
     from mlopt.sim import workload as wl
 
@@ -45,9 +46,11 @@ def _replay(payload: dict, source: str, model_path: str, topology_spec: str) -> 
     workload = wl.chain(wl.from_trace(load_trace_any(model_path), source=model_path), options["iterations"])
     problem = schedule_problem(workload, resolve_topology(topology_spec), mode=options["mode"], source=model_path)
     plan = {op["id"]: op["option"] for op in payload["comm_ops"]}
-    order = {"fifo": "fifo", "lifo": "lifo", "exec-only": "fifo"}.get(payload["algorithm"], "critical")
+    order = {"fifo": "fifo", "lifo": "lifo", "exec-only": "fifo", "hand": "needed"}.get(payload["algorithm"],
+                                                                                       "critical")
+    issue = "framework" if payload["algorithm"] in ("fifo", "lifo", "exec-only") else "enforcer"
     try:
-        makespan = optsched(problem, plan, order).makespan_us
+        makespan = optsched(issued(problem, issue), plan, order).makespan_us
     except ValueError as exc:
         raise InputError(source, "$.payload.comm_ops", str(exc)) from None
     predicted = payload["predicted"]["makespan_us"]
