@@ -376,27 +376,19 @@ def plan_threads_cmd(ctx: click.Context, model_path, nodes, contention_path, thr
 def plan_schedule_cmd(ctx: click.Context, model_path, topology_spec, nodes, chunk_size, time_unit_us, algorithm,
                       budget_s, max_steps, mode, **kwargs) -> None:
     """Comm-op scheduling and execution plans (Syndicate), first version; -o schedule.plan.json."""
-    from mlopt.formats.io import write_json
     from mlopt.formats.loaders import load_trace_any, resolve_topology
-    from mlopt.planners.schedule.planner import ScheduleOptions, plan_schedule
-    from mlopt.planners.schedule.problem import channels_of, schedule_problem
-    from mlopt.sim import workload as wl
+    from mlopt.planners.schedule.from_trace import plan_to_file
+    from mlopt.planners.schedule.planner import ScheduleOptions
 
     topology = resolve_topology(topology_spec, _topology_options(nodes, chunk_size, time_unit_us))
     trace = load_trace_any(model_path)
     options = ScheduleOptions(algorithm, budget_s, max_steps, mode)
-    workload = wl.chain(wl.from_trace(trace, source=model_path), options.iterations)
-    if not any(item.kind == "comm" for item in workload.items):
+    if not any(op.role == "comm" or op.comm is not None for op in trace.ops):
         _say(ctx, f"{model_path}: the trace has no comm-ops: the plan is the trivial one (compute in issue order)")
-    from mlopt.sim.evaluate import check_fits
-
-    check_fits(workload.world_size, topology, model_path)
     planner_options = _planner_options_from(kwargs)
     with _progress(ctx, f"planning the schedule of {model_path} on {topology.name}"):
-        problem = schedule_problem(workload, topology, mode=mode, source=model_path)
-        plan = plan_schedule(problem, options, planner_options, {"model": model_path, "topology": topology_spec},
-                             sorted(channels_of(topology)))
-    write_json(kwargs["output"], plan.to_dict(planner_options.record_wall_time))
+        plan = plan_to_file(trace, model_path, topology, options, planner_options, kwargs["output"],
+                            {"model": model_path, "topology": topology_spec})
     if kwargs.get("as_json"):
         _print_json({**plan.summary(), "file": kwargs["output"]})
         return
@@ -631,7 +623,11 @@ def _simulate_iteration(files, topology_spec, topology_opts, model_path, workloa
     for path in plans.memory:
         workload = ev.with_recomputation(workload, ev.memory_recomputation(path, model_path), trace, path)
     order = ()
-    for path in plans.schedules:
+    if plans.threads and plans.schedules:
+        for path in plans.schedules:
+            click.echo(f"mlopt: warning: {path}: not applied (it orders the trace's comm-ops; the thread plan "
+                       f"re-buckets them: simulate the schedule plan without the thread plan)", err=True)
+    for path in () if plans.threads else plans.schedules:
         from mlopt.formats.plan import load_plan
 
         order = ev.schedule_order(load_plan(path).payload, workload, path)

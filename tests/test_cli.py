@@ -220,12 +220,13 @@ def test_trace_imports_the_example_and_plan_uses_it(run_cli, tmp_path):
     assert plans.code == 0
     index = json.loads(plans.out)
     # the memory plan, DDP's two gradient buckets and its two bucket-rebuild broadcasts as MSCCL-EF XML, and
-    # the thread plan (fusion groups and communication threads)
+    # the thread plan (fusion groups and communication threads) and the schedule plan (Syndicate)
     assert sorted(p["file"] for p in index["plans"]) == [
         "collective-allreduce-1028KiB.json", "collective-allreduce-4460800B.json",
-        "collective-broadcast-28B.json", "collective-broadcast-8B.json", "memory.plan.json", "threads.plan.json"]
+        "collective-broadcast-28B.json", "collective-broadcast-8B.json", "memory.plan.json", "schedule.plan.json",
+        "threads.plan.json"]
     checked = run_cli("validate", *sorted((tmp_path / "plans").glob("*.json")), "--model", out, "--json")
-    assert checked.code == 0 and len(json.loads(checked.out)) == 7
+    assert checked.code == 0 and len(json.loads(checked.out)) == 8
 
 
 def test_trace_rank_option_overrides(run_cli, tmp_path):

@@ -66,8 +66,11 @@ def test_the_simulator_issues_the_plans_order(run_cli, trace, tmp_path):
                      "--iterations", "2", "--json")
     assert report.code == 0, report.err
     assert json.loads(report.out)["policy"] == "explicit"
-    wrong = run_cli("simulate", tmp_path / "s.json", "--model", trace, "--topology", "fully-connected:2")
-    assert wrong.code == 2 and "--iterations 2" in wrong.err
+    one = run_cli("simulate", tmp_path / "s.json", "--model", trace, "--topology", "fully-connected:2", "--json")
+    assert one.code == 0 and json.loads(one.out)["policy"] == "explicit"  # the plan's first iteration
+    wrong = run_cli("simulate", tmp_path / "s.json", "--model", trace, "--topology", "fully-connected:2",
+                    "--iterations", "3")
+    assert wrong.code == 2 and "--iterations 2 or fewer" in wrong.err
 
 
 def test_a_trace_without_comm_ops_gets_the_trivial_plan(run_cli, trace, tmp_path):

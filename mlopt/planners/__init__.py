@@ -41,8 +41,10 @@ def registered_planners() -> tuple[PlannerEntry, ...]:
     """Planners available in this release, in the order the umbrella command runs them."""
     from mlopt.planners.collective import from_trace as collective
     from mlopt.planners.memory import from_trace as memory
+    from mlopt.planners.schedule import from_trace as schedule
     from mlopt.planners.threads import from_trace as threads
 
     return (PlannerEntry("memory", memory.why_not, memory.run),
             PlannerEntry("collective", collective.why_not, collective.run),
-            PlannerEntry("threads", threads.why_not, threads.run))
+            PlannerEntry("threads", threads.why_not, threads.run),
+            PlannerEntry("schedule", schedule.why_not, schedule.run))

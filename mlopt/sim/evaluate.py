@@ -286,15 +286,18 @@ def classify_plans(paths: Sequence[str]) -> PlanFiles:
 def schedule_order(payload: dict, workload, source: str) -> tuple[int, ...]:
     """The comm items in the order a schedule plan issues them (its first motif's sequence number; the
     Syndicate enforcer issues in that order on every rank), then any comm item the plan does not list, in issue
-    order. The plan's ids are the items of the same trace unrolled over the same number of iterations."""
+    order. The plan's ids are the items of the same trace unrolled over as many iterations or more (a simulation
+    of fewer iterations takes the plan's first ones, whose item ids are the same)."""
     planned = payload["options"]["iterations"]
-    if workload.iterations != planned:
+    if workload.iterations > planned:
         raise InputError(source, "$.payload.options.iterations",
-                         f"the plan covers {planned} iterations: simulate with --iterations {planned}")
+                         f"the plan covers {planned} iterations: simulate with --iterations {planned} or fewer")
     comm = [item.id for item in workload.items if item.kind == "comm"]
     known = set(comm)
     first_seq = {}
     for op in payload["comm_ops"]:
+        if op.get("iteration", 0) >= workload.iterations:
+            continue
         if op["id"] not in known:
             raise InputError(source, "$.payload.comm_ops", f"comm-op {op['id']} ({op['name']}) is not a collective "
                                                            f"of the workload")
