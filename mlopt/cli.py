@@ -371,10 +371,15 @@ def plan_threads_cmd(ctx: click.Context, model_path, nodes, contention_path, thr
               help="Proposals per search (a deterministic stop; the plan says which stop ended it).")
 @click.option("--mode", type=click.Choice(["unaware", "aware", "fifo"]), default="unaware", show_default=True,
               help="Network mode the motifs are timed in.")
+@click.option("--iterations", type=click.IntRange(min=1), default=2, show_default=True,
+              help="Training iterations unrolled (2 allows cross-iteration moves such as prefetching).")
+@click.option("--cost-table", "cost_table", default=None,
+              help="Measured collective times (CSV: collective,ranks,bytes,channel,time_us; PARAM's role) used "
+                   "instead of alpha-beta where they cover a motif.")
 @solverless_planner_options
 @click.pass_context
 def plan_schedule_cmd(ctx: click.Context, model_path, topology_spec, nodes, chunk_size, time_unit_us, algorithm,
-                      budget_s, max_steps, mode, **kwargs) -> None:
+                      budget_s, max_steps, mode, iterations, cost_table, **kwargs) -> None:
     """Comm-op scheduling and execution plans (Syndicate), first version; -o schedule.plan.json."""
     from mlopt.formats.loaders import load_trace_any, resolve_topology
     from mlopt.planners.schedule.from_trace import plan_to_file
@@ -382,7 +387,7 @@ def plan_schedule_cmd(ctx: click.Context, model_path, topology_spec, nodes, chun
 
     topology = resolve_topology(topology_spec, _topology_options(nodes, chunk_size, time_unit_us))
     trace = load_trace_any(model_path)
-    options = ScheduleOptions(algorithm, budget_s, max_steps, mode)
+    options = ScheduleOptions(algorithm, budget_s, max_steps, mode, iterations, cost_table)
     if not any(op.role == "comm" or op.comm is not None for op in trace.ops):
         _say(ctx, f"{model_path}: the trace has no comm-ops: the plan is the trivial one (compute in issue order)")
     planner_options = _planner_options_from(kwargs)

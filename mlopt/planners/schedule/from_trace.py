@@ -11,6 +11,7 @@ from mlopt.formats.topology import Topology
 from mlopt.formats.trace import ModelTrace
 from mlopt.planners import WrittenPlan
 from mlopt.planners.options import PlannerOptions
+from mlopt.planners.schedule.costs import CostTable, load_cost_table
 from mlopt.planners.schedule.planner import ScheduleOptions, plan_schedule
 from mlopt.planners.schedule.problem import channels_of, schedule_problem
 
@@ -26,10 +27,18 @@ def plan_to_file(trace: ModelTrace, source: str, topology: Topology, options: Sc
 
     workload = wl.chain(wl.from_trace(trace, source=source), options.iterations)
     check_fits(workload.world_size, topology, source)
-    problem = schedule_problem(workload, topology, mode=options.mode, source=source)
+    problem = schedule_problem(workload, topology, mode=options.mode, source=source,
+                               costs=cost_table_for(options.cost_table, topology))
+    if options.cost_table is not None:
+        inputs = {**inputs, "cost_table": options.cost_table}
     plan = plan_schedule(problem, options, planner_options, inputs, sorted(channels_of(topology)))
     write_json(output, plan.to_dict(planner_options.record_wall_time))
     return plan
+
+
+def cost_table_for(path: str | None, topology: Topology) -> CostTable | None:
+    """The measured cost table at `path` (checked against the topology's channels), or None."""
+    return None if path is None else load_cost_table(path, tuple(sorted(channels_of(topology))))
 
 
 def why_not(trace: ModelTrace, topology: Topology | None) -> str | None:

@@ -43,12 +43,14 @@ class SystemPlanError(ValueError):
 def problem_from_plan(payload: Mapping[str, Any], trace, topology, source: str) -> ScheduleProblem:
     """The ScheduleProblem the plan was searched on: the trace unrolled over the plan's iterations, timed in
     its network mode (as `mlopt plan schedule` and `mlopt validate --model --topology` build it)."""
+    from mlopt.planners.schedule.from_trace import cost_table_for
     from mlopt.planners.schedule.problem import schedule_problem
     from mlopt.sim import workload as wl
 
     options = payload["options"]
     workload = wl.chain(wl.from_trace(trace, source=source), options["iterations"])
-    return schedule_problem(workload, topology, mode=options["mode"], source=source)
+    return schedule_problem(workload, topology, mode=options["mode"], source=source,
+                            costs=cost_table_for(options.get("cost_table"), topology))
 
 
 def system_names(names) -> list[str]:

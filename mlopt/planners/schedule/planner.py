@@ -38,6 +38,7 @@ class ScheduleOptions:
     max_steps: int = 2000  # --max-steps: proposals per search (deterministic stop)
     mode: str = "unaware"  # --mode: network mode the motifs are timed in (unaware | aware | fifo)
     iterations: int = 2  # --iterations: training iterations unrolled (2: cross-iteration moves)
+    cost_table: str | None = None  # --cost-table: measured collective times (CSV, costs.py) over alpha-beta
 
 
 # How each system's comm-ops are issued: "framework" (no enforcer: a comm-op waits for the compute issued before

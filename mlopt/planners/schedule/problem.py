@@ -44,6 +44,7 @@ from typing import Iterable, Sequence
 from mlopt.errors import InputError
 from mlopt.formats.topology import Topology
 from mlopt.planners.schedule import motifs as M
+from mlopt.planners.schedule.costs import WHOLE_TOPOLOGY, CostTable
 from mlopt.planners.schedule.motifs import CommOp, Motif
 from mlopt.planners.schedule.optsched import ExecutionPlan, MotifRun, ScheduleProblem, Task
 from mlopt.sim.collective_algorithms import ALGORITHMS, collective_time, transfer_time
@@ -88,8 +89,8 @@ class Timed:
 class _Timer:
     """Memoised motif timing on one topology and its channels."""
 
-    def __init__(self, topology: Topology, channels: dict[str, Topology], mode: str):
-        self.topology, self.channels, self.mode = topology, channels, mode
+    def __init__(self, topology: Topology, channels: dict[str, Topology], mode: str, costs: CostTable | None = None):
+        self.topology, self.channels, self.mode, self.costs = topology, channels, mode, costs
         self.link_class = {(l.src, l.dst): l.link_class for l in topology.links}
         self.memo: dict[tuple, Timed | None] = {}
 
@@ -159,6 +160,12 @@ class _Timer:
         if channel in (None, "*"):
             targets.append((None, self.topology))
         for c, topo in targets:
+            measured = self._measured(collective, len(ranks), nbytes, c)
+            if measured is not None:
+                if best is None or measured < best.duration_us:
+                    chans = frozenset([c]) if c is not None else self._crossed("ring", ranks)
+                    best = Timed(measured, chans, "measured")
+                continue
             for alg in algorithms:
                 t = self._try(collective, alg, ranks, nbytes, topo)
                 if t is None:
@@ -168,6 +175,12 @@ class _Timer:
                     best = Timed(t, chans, alg)
         self.memo[key] = best
         return best
+
+    def _measured(self, collective: str, nranks: int, nbytes: float, channel: str | None) -> float | None:
+        """The cost table's time on this channel (None: the whole topology), if it has that curve."""
+        if self.costs is None:
+            return None
+        return self.costs.time_us(collective, nranks, nbytes, WHOLE_TOPOLOGY if channel is None else channel)
 
     def motif(self, m: Motif, channel: str | None = None) -> Timed | None:
         if m.collective == "alltoall":
@@ -193,11 +206,15 @@ class _Timer:
         if channel in (None, "*"):
             targets.append((None, self.topology))
         best: Timed | None = None
+        n = len(m.ranks)
+        share = len(pairs) / max(1, n * (n - 1))
         for c, topo in targets:
             links = {(l.src, l.dst) for l in topo.links}
             if any(p not in links for p in pairs):
                 continue
-            t = transfer_time(messages, topo, mode="aware")
+            measured = self._measured("alltoall", n, m.length * n, c)
+            # a measured all-to-all over the motif's ranks, scaled by the share of the pairs its pattern moves
+            t = measured * share if measured is not None else transfer_time(messages, topo, mode="aware")
             if best is None or t < best.duration_us:
                 chans = frozenset([c]) if c is not None else frozenset(self.link_class[p] for p in pairs)
                 best = Timed(t, chans, "direct")
@@ -369,7 +386,8 @@ def motif_options(op: CommOp, topology: Topology, channels: dict[str, Topology] 
 
 
 def schedule_problem(workload, topology: Topology, *, mode: str = "unaware", source: str = "<workload>",
-                     segments: Iterable[int] = (1, 2, 4), splines: Iterable[int] | None = None) -> ScheduleProblem:
+                     segments: Iterable[int] = (1, 2, 4), splines: Iterable[int] | None = None,
+                     costs: CostTable | None = None) -> ScheduleProblem:
     """ScheduleProblem of an (already unrolled) workload on a topology.
 
     Compute items become compute tasks; comm items comm tasks with `motif_options` (memoised per
@@ -379,7 +397,7 @@ def schedule_problem(workload, topology: Topology, *, mode: str = "unaware", sou
     channels = channels_of(topology)
     if not channels:
         raise InputError(source, "topology", f"topology {topology.name!r} has no links")
-    timer = _Timer(topology, channels, mode)
+    timer = _Timer(topology, channels, mode, costs)
     memo: dict[tuple, tuple[CommOp, tuple[ExecutionPlan, ...], tuple]] = {}
     tasks: list[Task] = []
     options: dict[int, tuple[ExecutionPlan, ...]] = {}

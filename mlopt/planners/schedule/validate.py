@@ -38,13 +38,16 @@ def _check_motifs(payload: dict, source: str) -> None:
 def _replay(payload: dict, source: str, model_path: str, topology_spec: str) -> None:
     from mlopt.formats.loaders import load_trace_any, resolve_topology
     from mlopt.planners.schedule.optsched import optsched
+    from mlopt.planners.schedule.from_trace import cost_table_for
     from mlopt.planners.schedule.planner import issued
     from mlopt.planners.schedule.problem import schedule_problem
     from mlopt.sim import workload as wl
 
     options = payload["options"]
     workload = wl.chain(wl.from_trace(load_trace_any(model_path), source=model_path), options["iterations"])
-    problem = schedule_problem(workload, resolve_topology(topology_spec), mode=options["mode"], source=model_path)
+    topology = resolve_topology(topology_spec)
+    problem = schedule_problem(workload, topology, mode=options["mode"], source=model_path,
+                               costs=cost_table_for(options.get("cost_table"), topology))
     plan = {op["id"]: op["option"] for op in payload["comm_ops"]}
     order = {"fifo": "fifo", "lifo": "lifo", "exec-only": "fifo", "hand": "needed"}.get(payload["algorithm"],
                                                                                        "critical")
