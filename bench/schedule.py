@@ -62,6 +62,7 @@ def run_model(model: str, trace: Path, max_steps: int, budget_s: float, seed: in
         "model": model, "topology": TOPOLOGY, "max_steps": max_steps, "seed": seed, "plan_wall_s": plan_s,
         "stop_reason": payload["search"]["stop_reason"], "comm_ops": len(payload["comm_ops"]),
         "iteration_us": {k: v["iteration_us"] for k, v in systems.items()},
+        "last_iteration_us": {k: v["last_iteration_us"] for k, v in systems.items()},
         "compute_idle_pct": {k: v["compute_idle_pct"] for k, v in systems.items()},
         "chosen": sorted({op["plan"] for op in payload["comm_ops"]}),
     }
@@ -112,6 +113,13 @@ def report(rows: list[dict], command: str) -> str:
         lines.append(f"| {r['model']} | {r['comm_ops']} | " + " | ".join(f"{it[s]:.0f}" for s in SYSTEMS)
                      + f" | {it['syndicate'] / it['bs+']:.3f} | {_compute_us(r):.0f} | "
                      f"{_compute_us(r) / it['bs+']:.3f} | {r['plan_wall_s']:.1f} |")
+    lines += ["", "Steady state (the last unrolled iteration: from the end of the one before's compute to the end; "
+              "the first iteration's data-prep cannot be prefetched by anyone), us:", "",
+              "| model | " + " | ".join(SYSTEMS) + " | syndicate / bs+ |", "|---|" + "---|" * (len(SYSTEMS) + 1)]
+    for r in rows:
+        last = r["last_iteration_us"]
+        lines.append(f"| {r['model']} | " + " | ".join(f"{last[s]:.0f}" for s in SYSTEMS)
+                     + f" | {last['syndicate'] / last['bs+']:.3f} |")
     lines += ["", "Compute idle % per system:", "",
               "| model | " + " | ".join(SYSTEMS) + " |", "|---|" + "---|" * len(SYSTEMS)]
     for r in rows:
@@ -121,9 +129,12 @@ def report(rows: list[dict], command: str) -> str:
         it = r["iteration_us"]
         if r["model"] in TARGETS:
             what, test = TARGETS[r["model"]]
-            lines.append(f"- {r['model']}: {what}: {'met' if test(it) else 'NOT met'} "
+            last = r["last_iteration_us"]
+            lines.append(f"- {r['model']}: {what}: {'met' if test(it) else 'NOT met'} on the mean iteration "
                          f"(syndicate {it['syndicate']:.0f} us, bs+ {it['bs+']:.0f} us, "
-                         f"{100 * (1 - it['syndicate'] / it['bs+']):.1f}% lower)")
+                         f"{100 * (1 - it['syndicate'] / it['bs+']):.1f}% lower), "
+                         f"{'met' if test(last) else 'NOT met'} in steady state ({last['syndicate']:.0f} vs "
+                         f"{last['bs+']:.0f} us, {100 * (1 - last['syndicate'] / last['bs+']):.1f}% lower)")
         lines.append(f"- {r['model']}: search <= {SEARCH_LIMIT_S:.0f} s: "
                      f"{'met' if r['plan_wall_s'] <= SEARCH_LIMIT_S else 'NOT met'} "
                      f"(the whole `mlopt plan schedule` call, every system's search, {r['plan_wall_s']:.1f} s; "

@@ -108,12 +108,22 @@ def comm_op_rows(problem: ScheduleProblem, result: search.SearchResult) -> list[
     return rows
 
 
+def last_iteration_us(problem: ScheduleProblem, schedule, iterations: int) -> float:
+    """Steady-state estimate: from the end of the second-to-last iteration's compute to the end of the
+    schedule (the first iteration carries warm-up, e.g. a data-prep nothing can prefetch); the makespan when
+    only one iteration is unrolled."""
+    ends = [schedule.task_times[t.id][1] for t in problem.tasks
+            if t.kind == "compute" and t.iteration == iterations - 2]
+    return schedule.makespan_us - max(ends, default=0.0)
+
+
 def system_rows(problem: ScheduleProblem, results: dict[str, search.SearchResult],
                 iterations: int) -> dict[str, dict[str, Any]]:
     """Per compared system: its issue order, execution option per comm-op (issue order) and times."""
     comm = [t.id for t in problem.tasks if t.kind == "comm"]
     return {name: {"order": SYSTEM_ORDERS[name], "issue": SYSTEM_ISSUE[name], "options": [r.plan.get(i, 0) for i in comm],
                    "makespan_us": r.schedule.makespan_us, "iteration_us": r.schedule.makespan_us / iterations,
+                   "last_iteration_us": last_iteration_us(problem, r.schedule, iterations),
                    "compute_idle_pct": r.schedule.compute_idle_pct}
             for name, r in results.items()}
 
@@ -132,10 +142,12 @@ def plan_schedule(problem: ScheduleProblem, options: ScheduleOptions, planner_op
         "comm_ops": comm_op_rows(problem, chosen),
         "predicted": {"makespan_us": schedule.makespan_us, "iterations": iterations,
                       "iteration_us": schedule.makespan_us / iterations,
+                      "last_iteration_us": last_iteration_us(problem, schedule, iterations),
                       "compute_idle_pct": schedule.compute_idle_pct, "tasks": len(problem.tasks)},
         "systems": {name: r.schedule.makespan_us / iterations for name, r in results.items()},
         "system_plans": system_rows(problem, results, iterations),
-        "search": {"iterations": chosen.iterations, "stop_reason": chosen.stop_reason},
+        "search": {"iterations": chosen.iterations, "stop_reason": chosen.stop_reason,
+                   "polish_evaluations": chosen.polish_evaluations},
     }
     return heuristic_plan("schedule", schedule.makespan_us, payload, inputs, planner_options,
                           time.perf_counter() - started)
