@@ -11,6 +11,7 @@ from mlopt.planners.schedule.optsched import (
     MotifRun,
     ScheduleProblem,
     Task,
+    contention_free_bound,
     critical_paths,
     default_plan,
     framework_issue,
@@ -284,3 +285,23 @@ def test_hand_priority_serves_the_comm_op_needed_first():
     hand = hand_priority(prob)
     assert hand.name == "hand" and hand.schedule.order == "needed"
     assert hand.makespan_us == 44.0  # b 1-11, a 11-21, c3 11-13, c4 13-43, c5 43-44
+
+
+def test_contention_free_bound_is_below_every_plan_and_order():
+    for prob in (tiny_search_problem(),):
+        bound = contention_free_bound(prob).makespan_us
+        for order in ("fifo", "lifo", "critical", "needed"):
+            assert bound <= brute_force(prob, order) + 1e-9
+            assert bound <= brute_force(framework_issue(prob), order) + 1e-9
+
+
+def test_contention_free_bound_hand_solved():
+    # one comm task, two options: one motif of 10 us, or two chained motifs of 3 + 4 us (critical path 7)
+    # sharing channel x with a second comm task of 5 us; compute (1 us) needs both. On the shared channel the
+    # best is 7 + 5 + 1 = 13; the relaxation lets a and b overlap: max(7, 5) + 1 = 8.
+    tasks = (comm(0, name="a"), comm(1, name="b"), comp(2, 1, 0, 1))
+    opts = {0: (P("one", M("m", 10, "x")), P("two", M("s0", 3, "x"), M("s1", 4, "x", deps=(0,)))),
+            1: (P("b", M("b", 5, "x")),)}
+    prob = ScheduleProblem(tasks, opts, ("x",))
+    assert contention_free_bound(prob).makespan_us == 8.0
+    assert brute_force(prob) == 13.0

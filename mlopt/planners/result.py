@@ -27,7 +27,12 @@ def plan_from_solve(kind: str, result: SolveResult, payload: dict[str, Any], inp
 
 
 def heuristic_plan(kind: str, objective: float | None, payload: dict[str, Any], inputs: dict[str, Any],
-                   options: PlannerOptions, wall_time_s: float, notes: tuple[str, ...] = ()) -> Plan:
-    """A Plan made without a solver (baselines): no bound, so no gap and never "optimal"."""
+                   options: PlannerOptions, wall_time_s: float, notes: tuple[str, ...] = (),
+                   best_bound: float | None = None) -> Plan:
+    """A Plan made without a solver (baselines, searches): never "optimal"; no gap unless the planner has a
+    valid lower bound of its own (`best_bound`, minimisation), then gap = (objective - bound) / objective."""
     provenance = Provenance(input_hashes(inputs), "none", "", options.to_dict())
-    return Plan(kind, PlanStatus.HEURISTIC, objective, None, None, wall_time_s, payload, provenance, notes)
+    gap = None
+    if best_bound is not None and objective is not None and objective > 0:
+        gap = max(0.0, (objective - best_bound) / objective)
+    return Plan(kind, PlanStatus.HEURISTIC, objective, best_bound, gap, wall_time_s, payload, provenance, notes)

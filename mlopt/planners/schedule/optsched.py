@@ -240,6 +240,29 @@ def framework_issue(problem: ScheduleProblem) -> ScheduleProblem:
     return replace(problem, tasks=tuple(tasks))
 
 
+def contention_free_bound(problem: ScheduleProblem) -> Schedule:
+    """A lower bound on the makespan of every plan, order and issue model: each comm task at its option with
+    the shortest motif critical path, every motif on a channel of its own (no contention), data dependencies
+    only. With no contention the list scheduler starts every task as early as its dependencies and the
+    (fixed-order) compute stream allow, which is optimal for this relaxation; any real schedule only adds
+    delays (shared channels, slower options, framework issue)."""
+    options = {}
+    for tid, plans in problem.options.items():
+        best = min(plans, key=_plan_critical_path)
+        options[tid] = (ExecutionPlan(best.label, tuple(
+            replace(m, channels=frozenset([f"{tid}/{j}"])) for j, m in enumerate(best.motifs))),)
+    channels = tuple(c for plans in options.values() for m in plans[0].motifs for c in m.channels)
+    relaxed = replace(problem, options=options, channels=channels)
+    return simulate(relaxed, default_plan(relaxed), "fifo", validate(relaxed))
+
+
+def _plan_critical_path(plan: ExecutionPlan) -> float:
+    finish: list[float] = []
+    for m in plan.motifs:  # deps point to earlier motifs
+        finish.append(m.duration_us + max((finish[d] for d in m.deps), default=0.0))
+    return max(finish, default=0.0)
+
+
 def default_plan(problem: ScheduleProblem) -> dict[int, int]:
     """Option 0 for every comm task."""
     return {t.id: 0 for t in problem.tasks if t.kind == "comm"}

@@ -5,7 +5,8 @@ The workload (a trace, unrolled over two iterations so that cross-iteration move
 channels); the chosen system searches it (search.py) and optSched (optsched.py) gives the schedule. The plan
 holds, per comm-op, its execution plan (motifs: name, channels, duration, start, end, sequence number; equal
 numbers for motifs issued together), the predicted iteration time and compute idle %, and every compared
-system's iteration time. MCMC has no bound: plans are "heuristic".
+system's iteration time. Plans are "heuristic" (MCMC proves nothing) but carry a valid lower bound and its
+gap: the contention-free relaxation (optsched.contention_free_bound).
 
 Reproducibility: the search stops after `max_steps` proposals (deterministic for a seed) unless the wall-clock
 `budget_s` runs out first; the plan records which (`payload.search.stop_reason`). Only a "max_steps" stop gives
@@ -22,7 +23,7 @@ from mlopt.formats.plan import Plan
 from mlopt.planners.options import PlannerOptions
 from mlopt.planners.result import heuristic_plan
 from mlopt.planners.schedule import search
-from mlopt.planners.schedule.optsched import ScheduleProblem, framework_issue
+from mlopt.planners.schedule.optsched import ScheduleProblem, contention_free_bound, framework_issue
 
 ALGORITHMS = ("syndicate", "fifo", "lifo", "hand", "exec-only", "sched-only")
 SYSTEM_NAMES = {"syndicate": "syndicate", "fifo": "fifo", "lifo": "bs+", "hand": "hand", "exec-only": "s-exec",
@@ -135,6 +136,7 @@ def plan_schedule(problem: ScheduleProblem, options: ScheduleOptions, planner_op
     chosen = results[SYSTEM_NAMES[options.algorithm]]
     schedule = chosen.schedule
     iterations = max(1, options.iterations)
+    bound = contention_free_bound(problem)
     payload = {
         "algorithm": options.algorithm,
         "options": asdict(options),
@@ -143,11 +145,14 @@ def plan_schedule(problem: ScheduleProblem, options: ScheduleOptions, planner_op
         "predicted": {"makespan_us": schedule.makespan_us, "iterations": iterations,
                       "iteration_us": schedule.makespan_us / iterations,
                       "last_iteration_us": last_iteration_us(problem, schedule, iterations),
-                      "compute_idle_pct": schedule.compute_idle_pct, "tasks": len(problem.tasks)},
+                      "compute_idle_pct": schedule.compute_idle_pct, "tasks": len(problem.tasks),
+                      # no plan, order or issue model can beat these (optsched.contention_free_bound)
+                      "bound_makespan_us": bound.makespan_us, "bound_iteration_us": bound.makespan_us / iterations,
+                      "bound_last_iteration_us": last_iteration_us(problem, bound, iterations)},
         "systems": {name: r.schedule.makespan_us / iterations for name, r in results.items()},
         "system_plans": system_rows(problem, results, iterations),
         "search": {"iterations": chosen.iterations, "stop_reason": chosen.stop_reason,
                    "polish_evaluations": chosen.polish_evaluations},
     }
     return heuristic_plan("schedule", schedule.makespan_us, payload, inputs, planner_options,
-                          time.perf_counter() - started)
+                          time.perf_counter() - started, best_bound=bound.makespan_us)

@@ -37,7 +37,7 @@ def _check_motifs(payload: dict, source: str) -> None:
 
 def _replay(payload: dict, source: str, model_path: str, topology_spec: str) -> None:
     from mlopt.formats.loaders import load_trace_any, resolve_topology
-    from mlopt.planners.schedule.optsched import optsched
+    from mlopt.planners.schedule.optsched import contention_free_bound, optsched
     from mlopt.planners.schedule.from_trace import cost_table_for
     from mlopt.planners.schedule.planner import issued
     from mlopt.planners.schedule.problem import schedule_problem
@@ -60,6 +60,12 @@ def _replay(payload: dict, source: str, model_path: str, topology_spec: str) -> 
     if not math.isclose(makespan, predicted, rel_tol=1e-9, abs_tol=1e-6):
         raise InputError(source, "$.payload.predicted.makespan_us",
                          f"{predicted} but optSched gives {makespan} with the plan's execution options")
+    bound = payload["predicted"].get("bound_makespan_us")
+    if bound is not None:
+        recomputed = contention_free_bound(problem).makespan_us
+        if not math.isclose(bound, recomputed, rel_tol=1e-9, abs_tol=1e-6):
+            raise InputError(source, "$.payload.predicted.bound_makespan_us",
+                             f"{bound} but the contention-free relaxation gives {recomputed}")
 
 
 def validate_schedule_plan(plan: PlanFile, source: str, model_path: str | None, topology_spec: str | None) -> str:
@@ -68,6 +74,10 @@ def validate_schedule_plan(plan: PlanFile, source: str, model_path: str | None, 
         if key not in payload:
             raise InputError(source, f"$.payload.{key}", "missing required field")
     _check_motifs(payload, source)
+    bound = payload["predicted"].get("bound_makespan_us")
+    if bound is not None and bound > payload["predicted"]["makespan_us"] * (1 + 1e-9) + 1e-6:
+        raise InputError(source, "$.payload.predicted.bound_makespan_us",
+                         f"the lower bound {bound} us exceeds the plan's makespan {payload['predicted']['makespan_us']} us")
     replayed = ""
     if model_path is not None and topology_spec is not None:
         _replay(payload, source, model_path, topology_spec)
