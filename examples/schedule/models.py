@@ -71,17 +71,22 @@ class _Builder:
                           source={"generator": "examples/schedule/models.py"})
 
 
-def dlrm_like() -> ModelTrace:
-    """Sizes and compute times: the constants above (backward = 2 x forward)."""
-    b = _Builder("dlrm_like")
+def dlrm_like(bytes_scale: float = 1.0) -> ModelTrace:
+    """Sizes and compute times: the constants above (backward = 2 x forward); `bytes_scale` multiplies every
+    communicated size (bench/enforcer.py runs a scaled copy through the CPU runtime)."""
+    b = _Builder("dlrm_like" if bytes_scale == 1.0 else f"dlrm_like_x{bytes_scale:g}")
+
+    def sized(nbytes: int) -> int:  # whole 64-byte units, so every block of 16 ranks stays float32-aligned
+        return max(64 * WORLD, int(nbytes * bytes_scale) // (64 * WORLD) * (64 * WORLD))
+
     raw = b.tensor("raw_batch", 16 * MiB, "input")
     feats = b.tensor("sparse_features", 16 * MiB)
-    b.comm("a2a-data-prep", "alltoall", DATA_PREP_BYTES, [raw], [feats])
+    b.comm("a2a-data-prep", "alltoall", sized(DATA_PREP_BYTES), [raw], [feats])
     lookups = b.tensor("lookups", 32 * MiB)
     tables = b.tensor("embedding_tables", 512 * MiB, "parameter")
     b.compute("embedding_lookup", "forward", LOOKUP_US, [feats, tables], [lookups])
     pooled = b.tensor("pooled_embeddings", 32 * MiB)
-    b.comm("a2a-emb-fwd", "alltoall", EMBEDDING_BYTES, [lookups], [pooled])
+    b.comm("a2a-emb-fwd", "alltoall", sized(EMBEDDING_BYTES), [lookups], [pooled])
     x = b.tensor("dense_input", 4 * MiB, "input")
     bottom = [b.tensor(f"bottom_w{i}", 16 * MiB, "parameter") for i in range(8)]
     acts = []
@@ -108,12 +113,12 @@ def dlrm_like() -> ModelTrace:
         top_grads.append(gw)
         grad = gin
         if i % 2 == 0:  # DDP bucket: two layers' gradients
-            b.comm(f"ar-top-mlp{i // 2}", "allreduce", TOP_BUCKET_BYTES, top_grads[-2:], top_grads[-2:])
+            b.comm(f"ar-top-mlp{i // 2}", "allreduce", sized(TOP_BUCKET_BYTES), top_grads[-2:], top_grads[-2:])
     g_pooled = b.tensor("grad_pooled", 32 * MiB)
     g_bottom = b.tensor("grad_bottom_out", 4 * MiB)
     b.compute("interaction_bwd", "backward", 2 * INTERACTION_US, [grad, pooled, x], [g_pooled, g_bottom])
     g_lookups = b.tensor("grad_lookups", 32 * MiB)
-    b.comm("a2a-emb-bwd", "alltoall", EMBEDDING_BYTES, [g_pooled], [g_lookups])
+    b.comm("a2a-emb-bwd", "alltoall", sized(EMBEDDING_BYTES), [g_pooled], [g_lookups])
     bottom_grads = []
     grad = g_bottom
     for i in reversed(range(8)):
@@ -123,7 +128,7 @@ def dlrm_like() -> ModelTrace:
         bottom_grads.append(gw)
         grad = gin
         if i % 2 == 0:
-            b.comm(f"ar-bottom-mlp{i // 2}", "allreduce", BOTTOM_BUCKET_BYTES, bottom_grads[-2:], bottom_grads[-2:])
+            b.comm(f"ar-bottom-mlp{i // 2}", "allreduce", sized(BOTTOM_BUCKET_BYTES), bottom_grads[-2:], bottom_grads[-2:])
     b.compute("embedding_update", "optimizer", LOOKUP_US, [g_lookups, tables], [tables])
     b.compute("mlp_optimizer", "optimizer", 800, top_grads + bottom_grads + top + bottom, top + bottom)
     return b.trace()

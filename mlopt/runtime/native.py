@@ -37,9 +37,9 @@ BUILD_ERROR_NOTE = BUNDLED_LIBRARY.parent / "build-error.txt"  # written by setu
 # The C ABI version this binding declares (MLOPT_VERSION_MAJOR/MINOR in mlopt.h): a library of another major
 # version may have other struct layouts or signatures, so calling it could corrupt memory. Before 1.0 a minor
 # version may change layouts too (0.2 put struct_size first in mlopt_program_info and mlopt_run_stats), so
-# major 0 must match the minor as well.
+# major 0 must match the minor as well (0.3 added the enforcer).
 EXPECTED_VERSION_MAJOR = 0
-EXPECTED_VERSION_MINOR = 2
+EXPECTED_VERSION_MINOR = 3
 
 STATUS_NAMES = {
     0: "MLOPT_OK",
@@ -126,6 +126,44 @@ class _RunStats(ctypes.Structure):
     ]
 
 
+class _EnforcerOptions(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t), ("watchdog_ms", ctypes.c_int32), ("replan_threshold", ctypes.c_double),
+        ("threads", ctypes.c_int32), ("enforce_order", ctypes.c_int32), ("executors", ctypes.c_int32),
+    ]
+
+
+class _ByteRange(ctypes.Structure):
+    _fields_ = [("op_offset", ctypes.c_uint64), ("staging_offset", ctypes.c_uint64), ("length", ctypes.c_uint64)]
+
+
+class _MotifPosition(ctypes.Structure):
+    _fields_ = [
+        ("gather", ctypes.POINTER(_ByteRange)), ("gather_count", ctypes.c_size_t),
+        ("scatter", ctypes.POINTER(_ByteRange)), ("scatter_count", ctypes.c_size_t),
+    ]
+
+
+class _MotifDesc(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t), ("name", ctypes.c_char_p), ("op", ctypes.c_int32),
+        ("index", ctypes.c_int32), ("seq", ctypes.c_int32), ("program", ctypes.c_void_p),
+        ("nranks", ctypes.c_int32), ("ranks", ctypes.POINTER(ctypes.c_int32)),
+        ("deps", ctypes.POINTER(ctypes.c_int32)), ("deps_count", ctypes.c_size_t),
+        ("channel_mask", ctypes.c_uint64), ("dtype", ctypes.c_int), ("redop", ctypes.c_int),
+        ("count", ctypes.c_size_t), ("op_bytes", ctypes.c_uint64), ("source", ctypes.c_int),
+        ("positions", ctypes.POINTER(_MotifPosition)),
+    ]
+
+
+class _EnforcerStats(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t), ("iterations", ctypes.c_int64), ("motifs_issued", ctypes.c_int64),
+        ("motifs_completed", ctypes.c_int64), ("wait_us", ctypes.c_double), ("last_wait_us", ctypes.c_double),
+        ("last_wall_us", ctypes.c_double), ("replan_suggested", ctypes.c_int32),
+    ]
+
+
 _handle = ctypes.c_void_p
 _status = ctypes.c_int  # C enums are ints
 _out_handle = ctypes.POINTER(ctypes.c_void_p)
@@ -158,6 +196,20 @@ _PROTOTYPES: dict[str, tuple[Any, list[Any]]] = {
                                  _out_handle]),
     "mlopt_comm_last_stats": (_status, [_handle, ctypes.POINTER(_RunStats)]),
     "mlopt_backend_available": (_status, [ctypes.c_int, _out_handle]),
+    # the enforcer (used by mlopt.runtime.enforcer)
+    "mlopt_enforcer_options_init": (None, [ctypes.POINTER(_EnforcerOptions)]),
+    "mlopt_enforcer_create": (_status, [ctypes.c_int32, ctypes.POINTER(_EnforcerOptions), _out_handle, _out_handle]),
+    "mlopt_enforcer_free": (None, [_handle]),
+    "mlopt_enforcer_add_motif": (_status, [_handle, ctypes.POINTER(_MotifDesc), _out_handle]),
+    "mlopt_enforcer_start": (_status, [_handle, _out_handle]),
+    "mlopt_enforcer_submit": (_status, [_handle, ctypes.c_int32, ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p,
+                                        _out_handle]),
+    "mlopt_enforcer_wait": (_status, [_handle, ctypes.c_int32, ctypes.c_int32, _out_handle]),
+    "mlopt_enforcer_drain": (_status, [_handle, _out_handle]),
+    "mlopt_enforcer_get_stats": (_status, [_handle, ctypes.c_int32, ctypes.POINTER(_EnforcerStats), _out_handle]),
+    "mlopt_enforcer_issue_log": (_status, [_handle, ctypes.c_int32, ctypes.POINTER(ctypes.c_int32),
+                                           ctypes.POINTER(ctypes.c_int32), ctypes.POINTER(ctypes.c_int32),
+                                           ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t), _out_handle]),
 }
 
 

@@ -428,9 +428,9 @@ def compose(op: CommOp, *steps: Callable[[Motif], list[Motif]]) -> list[Motif]:
     return motifs
 
 
-def segment_then_spline(op: CommOp, d: int, n: int, recursive: bool = False) -> list[Motif]:
-    """Segment into d pieces, then spline every piece with group size n."""
-    return compose(op, lambda m: segment_motif(m, d), lambda m: spline_motif(m, n, recursive))
+def segment_then_spline(op: CommOp, d: int, n: int, recursive: bool = False, align: int = 1) -> list[Motif]:
+    """Segment into d pieces (cut at multiples of `align` bytes), then spline every piece with group size n."""
+    return compose(op, lambda m: segment_motif(m, d, align), lambda m: spline_motif(m, n, recursive))
 
 
 # ------------------------------------------------------------------------------------- verifier

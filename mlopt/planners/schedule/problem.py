@@ -51,6 +51,9 @@ from mlopt.sim.collective_algorithms import ALGORITHMS, collective_time, transfe
 from mlopt.sim.network import Message
 
 MAX_OPTIONS = 16
+# Segments are cut at multiples of 4 bytes, so that every piece holds whole float32 / fp16 / bf16 / int32
+# elements (the runtime's enforcer reduces elements); an op too small for that keeps fewer options.
+ALIGN = 4
 TIMING_ALGORITHMS = ("ring",)
 FALLBACK_ALGORITHMS = tuple(a for a in ALGORITHMS if a != "ring" and not a.startswith("hierarchical"))
 
@@ -347,9 +350,9 @@ def motif_candidates(op: CommOp, topology: Topology, channels: dict[str, Topolog
     splines = _default_splines(op, topology) if splines is None else tuple(splines)
     n = len(op.ranks)
     for d in segments:
-        add(f"seg{d}", lambda d=d: M.segment(op, d))
+        add(f"seg{d}", lambda d=d: M.segment(op, d, ALIGN))
         if len(alone) >= 2 and d >= 2:
-            add(f"seg{d}@{'+'.join(alone)}", lambda d=d: M.segment(op, d),
+            add(f"seg{d}@{'+'.join(alone)}", lambda d=d: M.segment(op, d, ALIGN),
                 lambda ms: [alone[i % len(alone)] for i in range(len(ms))])
     for s in splines:
         if 1 < s < n and n % s == 0:
@@ -365,12 +368,12 @@ def motif_candidates(op: CommOp, topology: Topology, channels: dict[str, Topolog
     for s in splines:
         if 1 < s < n and n % s == 0:
             if op.collective == "alltoall":
-                add(f"seg2.gspline{s}", lambda s=s: M.compose(op, lambda m: M.segment_motif(m, 2),
+                add(f"seg2.gspline{s}", lambda s=s: M.compose(op, lambda m: M.segment_motif(m, 2, ALIGN),
                                                                 lambda m: M.group_spline_alltoall_motif(m, s)))
             if op.collective == "allreduce":
-                add(f"seg2.hierAR{s}", lambda s=s: M.compose(op, lambda m: M.segment_motif(m, 2),
+                add(f"seg2.hierAR{s}", lambda s=s: M.compose(op, lambda m: M.segment_motif(m, 2, ALIGN),
                                                                lambda m: M.hierarchical_allreduce_motif(m, s)))
-            add(f"seg2.spline{s}", lambda s=s: M.segment_then_spline(op, 2, s))
+            add(f"seg2.spline{s}", lambda s=s: M.segment_then_spline(op, 2, s, align=ALIGN))
     return tuple(out)
 
 

@@ -16,7 +16,7 @@
 #include <stdint.h>
 
 #define MLOPT_VERSION_MAJOR 0
-#define MLOPT_VERSION_MINOR 2
+#define MLOPT_VERSION_MINOR 3
 #define MLOPT_VERSION_PATCH 0
 /* Plan envelope (JSON) schema major version this library reads; see mlopt/formats/plan.py. */
 #define MLOPT_PLAN_SCHEMA_MAJOR 1
@@ -185,6 +185,134 @@ typedef struct mlopt_run_stats {
 
 /* out->struct_size must be set (sizeof(mlopt_run_stats), or a smaller size from an older header). */
 MLOPT_API mlopt_status mlopt_comm_last_stats(const struct mlopt_comm_s* comm, mlopt_run_stats* out);
+
+/* ------------------------------------------------------------------------------------------ enforcer */
+
+/* Syndicate's plan enforcer (Pseudocode 2; docs/enforcer.md): every rank issues the motifs of a schedule
+ * plan in one global order, whatever order its application submits the comm-ops in.
+ *
+ * A comm-op ("op", numbered 0..ops-1 = its FIFO submission index within a training iteration) is split into
+ * motifs: smaller collectives over a subset of the ranks, each an MSCCL-EF program run on staging buffers
+ * gathered from (and scattered back into) the op's per-rank buffers. Each motif has a sequence number (seq)
+ * within the iteration; equal numbers are issued together. Ranks are in-process, as for mlopt_comm: each
+ * rank's application thread calls submit/wait with its own rank.
+ *
+ * Execution model (what makes the order matter, as NCCL communicators and streams do): every (rank,
+ * channel) has a FIFO queue of issued motifs; a motif instance runs when it is at the head of every one of
+ * its channel queues on every one of its ranks and its deps (motifs of the same op and iteration) have
+ * completed. A running motif keeps its channels until it completes; motifs on disjoint channels overlap.
+ *
+ * enforce_order = 1: one progress thread per rank walks the rank's expected sequence numbers (the sorted
+ * distinct seqs of the motifs involving it) and issues the motifs of the next one only once all of them
+ * are submitted (for the current iteration), so every rank's queues follow the order (iteration, seq, op,
+ * index). enforce_order = 0: a rank issues an op's motifs as soon as it submits the op (the baseline;
+ * inconsistent submission orders then deadlock, reported by the watchdog).
+ *
+ * Thread safety: submit/wait/drain/get_stats/issue_log may be called from any thread once started
+ * (typically each rank's application thread for its rank); create/add_motif/start/free from one thread,
+ * with no other call in flight during free. */
+typedef struct mlopt_enforcer_s* mlopt_enforcer;
+
+typedef struct mlopt_enforcer_options {
+    size_t struct_size;      /* sizeof(mlopt_enforcer_options): lets the struct grow compatibly */
+    int32_t watchdog_ms;     /* nothing submitted, issued or completed for this long while some submitted op
+                                is unfinished = MLOPT_ERR_DEADLOCK (longer than any compute gap between an
+                                application's submissions); <= 0: 10000. Also each motif run's watchdog */
+    double replan_threshold; /* replan_suggested when an iteration's wait time > this x its wall time; 0.05 */
+    int32_t threads;         /* interpreter worker threads per motif run; <= 0: 1 */
+    int32_t enforce_order;   /* 1: Pseudocode 2 (default); 0: issue on submission, in arrival order */
+    int32_t executors;       /* threads running motifs (motifs on disjoint channels or ranks overlap); <= 0: 4 */
+} mlopt_enforcer_options;
+
+MLOPT_API void mlopt_enforcer_options_init(mlopt_enforcer_options* options);
+
+/* Where a motif's staging input comes from: the op's output buffer (every collective but all-to-all works
+ * in place: output starts as a copy of the input) or its input buffer (all-to-all). */
+typedef enum mlopt_motif_source { MLOPT_MOTIF_FROM_OUTPUT = 0, MLOPT_MOTIF_FROM_INPUT = 1 } mlopt_motif_source;
+
+/* length bytes between the op's buffer at op_offset and a program buffer (staging) at staging_offset. */
+typedef struct mlopt_byte_range {
+    uint64_t op_offset;
+    uint64_t staging_offset;
+    uint64_t length;
+} mlopt_byte_range;
+
+/* One program position's copies: gather (op buffer -> program input staging, before the run; staging bytes
+ * no range covers are zero) and scatter (program output staging -> op OUTPUT buffer, after the run). */
+typedef struct mlopt_motif_position {
+    const mlopt_byte_range* gather;
+    size_t gather_count;
+    const mlopt_byte_range* scatter;
+    size_t scatter_count;
+} mlopt_motif_position;
+
+/* One motif of one comm-op of a training iteration (every iteration repeats the table). Everything is copied
+ * by mlopt_enforcer_add_motif (the program too: the caller may free it afterwards). */
+typedef struct mlopt_motif_desc {
+    size_t struct_size;        /* sizeof(mlopt_motif_desc) */
+    const char* name;          /* for messages; may be NULL */
+    int32_t op;                /* comm-op index within an iteration, 0..ops-1 (its FIFO submission index) */
+    int32_t index;             /* motif index within the op, dense 0..k-1 */
+    int32_t seq;               /* sequence number within the iteration, >= 0 */
+    const struct mlopt_plan_s* program; /* MSCCL-EF XML plan, ngpus == nranks, outofplace="1" */
+    int32_t nranks;            /* the motif's ranks; program position p is ranks[p] */
+    const int32_t* ranks;      /* distinct global ranks in 0..enforcer nranks-1 */
+    const int32_t* deps;       /* motif indices of the same op (each < index, seq <= this seq) completed first */
+    size_t deps_count;
+    uint64_t channel_mask;     /* bit c: channel c (0..63); a motif holds all its channels while it runs */
+    mlopt_dtype dtype;
+    mlopt_redop redop;
+    size_t count;              /* elements of each position's program input, as for mlopt_comm_run */
+    uint64_t op_bytes;         /* the op's buffer size on each rank (input and output alike) */
+    mlopt_motif_source source; /* which op buffer gather ranges read */
+    const mlopt_motif_position* positions; /* nranks entries */
+} mlopt_motif_desc;
+
+/* Per-rank counters (mlopt_enforcer_get_stats). An iteration's wait time is the time its progress thread
+ * spent waiting for the next expected motif while some other submitted motif of the rank was queued (the
+ * busy loop of Pseudocode 2 that ordering causes); wall time is from the rank's first submission of the
+ * iteration to the completion of its last motif. */
+typedef struct mlopt_enforcer_stats {
+    size_t struct_size;        /* set by the caller: the library fills only what fits */
+    int64_t iterations;        /* iterations whose every motif involving the rank has completed */
+    int64_t motifs_issued;
+    int64_t motifs_completed;  /* motif instances involving the rank that completed */
+    double wait_us;            /* total over all iterations */
+    double last_wait_us;       /* the last completed iteration's */
+    double last_wall_us;
+    int32_t replan_suggested;  /* last_wait_us > replan_threshold * last_wall_us */
+} mlopt_enforcer_stats;
+
+/* Most issue-log entries kept per rank (the first ones; motifs_issued counts them all). */
+#define MLOPT_ENFORCER_LOG_CAPACITY (1u << 20)
+
+MLOPT_API mlopt_status mlopt_enforcer_create(int32_t nranks, const mlopt_enforcer_options* options,
+                                             mlopt_enforcer* out, mlopt_error* err);
+/* Stops the threads (pending work is dropped; a running motif finishes first) and frees everything. */
+MLOPT_API void mlopt_enforcer_free(mlopt_enforcer enforcer);
+/* Adds one motif to the table (before start); MLOPT_ERR_INVALID_ARGUMENT naming the op, motif and field. */
+MLOPT_API mlopt_status mlopt_enforcer_add_motif(mlopt_enforcer enforcer, const mlopt_motif_desc* motif,
+                                                mlopt_error* err);
+/* Freezes the table (ops 0..ops-1, motifs 0..k-1 of each) and starts the threads. */
+MLOPT_API mlopt_status mlopt_enforcer_start(mlopt_enforcer enforcer, mlopt_error* err);
+/* Rank `rank` submits `op` (non-blocking); its k-th submission belongs to iteration k. input and output are
+ * op_bytes each, valid until the submission completes; when they differ and a motif of the op reads the
+ * output, input is first copied to output. An op whose motifs read the input needs output != input. */
+MLOPT_API mlopt_status mlopt_enforcer_submit(mlopt_enforcer enforcer, int32_t rank, int32_t op, const void* input,
+                                             void* output, mlopt_error* err);
+/* Blocks until rank's latest submission of `op` (op = -1: every submission of the rank) has completed;
+ * MLOPT_ERR_DEADLOCK when the watchdog fired (message: what each rank is blocked on), or the error of a
+ * failed motif run. After a failure every call returns that error: free the enforcer. */
+MLOPT_API mlopt_status mlopt_enforcer_wait(mlopt_enforcer enforcer, int32_t rank, int32_t op, mlopt_error* err);
+/* mlopt_enforcer_wait(rank, -1) for every rank. */
+MLOPT_API mlopt_status mlopt_enforcer_drain(mlopt_enforcer enforcer, mlopt_error* err);
+MLOPT_API mlopt_status mlopt_enforcer_get_stats(const struct mlopt_enforcer_s* enforcer, int32_t rank,
+                                                mlopt_enforcer_stats* out, mlopt_error* err);
+/* Rank's issued motifs in issue order: entry i is (ops[i], indices[i], iterations[i]); the first
+ * min(capacity, *count) are written (arrays may be NULL when capacity is 0); *count = entries stored. */
+MLOPT_API mlopt_status mlopt_enforcer_issue_log(const struct mlopt_enforcer_s* enforcer, int32_t rank, int32_t* ops,
+                                                int32_t* indices, int32_t* iterations, size_t capacity,
+                                                size_t* count, mlopt_error* err);
 
 #ifdef __cplusplus
 }

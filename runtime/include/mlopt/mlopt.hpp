@@ -8,6 +8,10 @@
 //   mlopt_program_info info = plan.program_info();
 //   mlopt::Comm comm = mlopt::Comm::create_local(info.ngpus);
 //   comm.run(plan, inputs, outputs, count, MLOPT_FLOAT32, MLOPT_SUM);
+//
+//   mlopt::Enforcer enforcer = mlopt::Enforcer::create(4);   // Syndicate's plan enforcer (docs/enforcer.md)
+//   enforcer.add_motif(desc);  ...  enforcer.start();
+//   enforcer.submit(rank, op, input, output);  enforcer.wait(rank, op);   // on each rank's thread
 #ifndef MLOPT_MLOPT_HPP
 #define MLOPT_MLOPT_HPP
 
@@ -17,6 +21,7 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "mlopt/mlopt.h"
 
@@ -208,6 +213,98 @@ public:
 
 private:
     mlopt_comm handle_;
+};
+
+// Enforcer options with the library's defaults (mlopt_enforcer_options_init); change fields as needed.
+inline mlopt_enforcer_options default_enforcer_options() noexcept {
+    mlopt_enforcer_options options;
+    mlopt_enforcer_options_init(&options);
+    return options;
+}
+
+// One entry of a rank's issue log.
+struct IssuedMotif {
+    int32_t op = 0;
+    int32_t index = 0;
+    int32_t iteration = 0;
+};
+
+// Syndicate's plan enforcer over in-process ranks (mlopt.h, "enforcer"). Move-only.
+class Enforcer {
+public:
+    // `options` NULL: the library's defaults.
+    static Enforcer create(int32_t nranks, const mlopt_enforcer_options* options = nullptr) {
+        mlopt_enforcer handle = nullptr;
+        mlopt_error err = nullptr;
+        const mlopt_status status = mlopt_enforcer_create(nranks, options, &handle, &err);
+        detail::throw_if_failed(status, err);
+        return Enforcer(handle);
+    }
+
+    static Enforcer create(int32_t nranks, const mlopt_enforcer_options& options) { return create(nranks, &options); }
+
+    explicit Enforcer(mlopt_enforcer handle = nullptr) noexcept : handle_(handle) {}
+    Enforcer(Enforcer&& other) noexcept : handle_(std::exchange(other.handle_, nullptr)) {}
+    Enforcer& operator=(Enforcer&& other) noexcept {
+        if (this != &other) {
+            mlopt_enforcer_free(handle_);
+            handle_ = std::exchange(other.handle_, nullptr);
+        }
+        return *this;
+    }
+    Enforcer(const Enforcer&) = delete;
+    Enforcer& operator=(const Enforcer&) = delete;
+    ~Enforcer() { mlopt_enforcer_free(handle_); }
+
+    // Copies the description (and its program): the caller's may go right after.
+    void add_motif(const mlopt_motif_desc& motif) { call(mlopt_enforcer_add_motif, &motif); }
+    void start() { call(mlopt_enforcer_start); }
+    // Non-blocking; input and output (op_bytes each) stay valid until the submission completes.
+    void submit(int32_t rank, int32_t op, const void* input, void* output) {
+        call(mlopt_enforcer_submit, rank, op, input, output);
+    }
+    // Rank's latest submission of `op` (-1: all of the rank's) has completed; Error (MLOPT_ERR_DEADLOCK, ...)
+    // when it never will.
+    void wait(int32_t rank, int32_t op = -1) { call(mlopt_enforcer_wait, rank, op); }
+    void drain() { call(mlopt_enforcer_drain); }
+
+    mlopt_enforcer_stats stats(int32_t rank) const {
+        mlopt_enforcer_stats stats{};
+        stats.struct_size = sizeof stats;
+        mlopt_error err = nullptr;
+        const mlopt_status status = mlopt_enforcer_get_stats(handle_, rank, &stats, &err);
+        detail::throw_if_failed(status, err);
+        return stats;
+    }
+
+    // The rank's issued motifs in issue order (at most MLOPT_ENFORCER_LOG_CAPACITY, the first ones).
+    std::vector<IssuedMotif> issue_log(int32_t rank) const {
+        size_t count = 0;
+        mlopt_error err = nullptr;
+        mlopt_status status = mlopt_enforcer_issue_log(handle_, rank, nullptr, nullptr, nullptr, 0, &count, &err);
+        detail::throw_if_failed(status, err);
+        std::vector<int32_t> ops(count), indices(count), iterations(count);
+        status = mlopt_enforcer_issue_log(handle_, rank, ops.data(), indices.data(), iterations.data(), count, &count,
+                                          &err);
+        detail::throw_if_failed(status, err);
+        std::vector<IssuedMotif> out;
+        for (size_t i = 0; i < count && i < ops.size(); ++i) out.push_back({ops[i], indices[i], iterations[i]});
+        return out;
+    }
+
+    mlopt_enforcer get() const noexcept { return handle_; }
+    mlopt_enforcer release() noexcept { return std::exchange(handle_, nullptr); }
+    explicit operator bool() const noexcept { return handle_ != nullptr; }
+
+private:
+    template <typename F, typename... Args>
+    void call(F f, Args... args) {
+        mlopt_error err = nullptr;
+        const mlopt_status status = f(handle_, args..., &err);
+        detail::throw_if_failed(status, err);
+    }
+
+    mlopt_enforcer handle_;
 };
 
 }  // namespace mlopt

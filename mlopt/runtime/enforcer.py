@@ -1,0 +1,690 @@
+"""Syndicate's plan enforcer (Pseudocode 2) on the C++ runtime: binding, motif table and a multi-rank harness.
+
+The enforcer itself lives in the runtime library (runtime/src/enforcer.cpp, `mlopt_enforcer_*` in mlopt.h;
+docs/enforcer.md). This module
+
+* binds it (`Enforcer`, a context manager like `native.LocalComm`);
+* turns a schedule plan's payload (`mlopt plan schedule`) into a `MotifTable`: the comm-ops of one unrolled
+  training iteration, numbered by submission order, each split into motifs with dense sequence numbers
+  (`MotifTable.from_plan`), or the FIFO baseline where every op is one motif on every channel
+  (`MotifTable.fifo`);
+* makes an MSCCL-EF program per motif (`ProgramCache`: the ring baseline lowered for a fully connected
+  topology of the motif's size, or a direct send/receive program for a splined all-to-all's pattern) and the
+  staging layout that maps the op's buffers onto the program's buffers (`stage`);
+* runs a "real iteration" with one Python thread per rank acting as the application (`run_iteration_harness`).
+
+Buffer model (mlopt/planners/schedule/motifs.py): every rank holds an input and an output buffer of the op's
+`nbytes`; the output starts as the input, every motif but all-to-all works in place on the output, all-to-all
+reads the input. A motif's `regions` say which bytes of the op buffer it covers; staging buffers are padded to
+the program's chunk count (the padding is zero and never scattered back).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Sequence
+
+from mlopt.planners.schedule.motifs import BLOCKED, ROOTED, CommOp, Motif, as_motif
+from mlopt.runtime import native
+
+SOURCE_OUTPUT = 0  # mlopt_motif_source
+SOURCE_INPUT = 1
+MAX_CHANNELS = 64  # bits of mlopt_motif_desc.channel_mask
+REDUCING = frozenset({"allreduce", "reducescatter", "reduce"})
+
+
+# ------------------------------------------------------------------------------------------------ table
+
+
+@dataclass(frozen=True)
+class TableMotif:
+    """One motif of one comm-op: what it does (`motif`, regions in the op's buffer), when (`seq`, dense from
+    0 within the iteration; equal = issued together) and where (`channel_mask`, bit c = channel c)."""
+
+    op: int
+    index: int
+    seq: int
+    motif: Motif
+    channel_mask: int
+    name: str = ""
+
+
+@dataclass(frozen=True)
+class TableOp:
+    """A comm-op of the iteration; `index` is its FIFO submission index on every rank."""
+
+    index: int
+    name: str
+    collective: str
+    nbytes: int
+    ranks: tuple[int, ...]
+    root: int | None
+    motifs: tuple[TableMotif, ...]
+
+    def involves(self, rank: int) -> bool:
+        return any(rank in m.motif.ranks for m in self.motifs)
+
+
+@dataclass(frozen=True)
+class MotifTable:
+    """Every comm-op of one training iteration with its motifs; iterations repeat it."""
+
+    ops: tuple[TableOp, ...]
+    channels: tuple[str, ...]
+    nranks: int
+
+    @classmethod
+    def from_plan(cls, payload: Mapping[str, Any], iteration: int = 1, nranks: int | None = None) -> "MotifTable":
+        """The comm-ops of unrolled iteration `iteration` of a schedule plan's payload, numbered 0..ops-1 in
+        list (issue) order, their motifs' seqs renumbered densely from 0 (order and ties kept)."""
+        channels, rows = _plan_rows(payload, iteration)
+        dense = {s: i for i, s in enumerate(sorted({int(m["seq"]) for row in rows for m in row["motifs"]}))}
+        ops = []
+        for index, row in enumerate(rows):
+            where = f"comm-op {row.get('name') or row.get('id')} (op {index})"
+            motifs = tuple(
+                TableMotif(index, k, dense[int(m["seq"])], _motif_of(m, f"{where} motif {k}"),
+                           _mask(m.get("channels") or [], channels, f"{where} motif {k}"), str(m.get("name", "")))
+                for k, m in enumerate(row["motifs"]))
+            if not motifs:
+                raise ValueError(f"{where} has no motifs")
+            ops.append(_table_op(index, row, motifs))
+        return cls(tuple(ops), channels, nranks or _nranks(ops))
+
+    @classmethod
+    def fifo(cls, payload: Mapping[str, Any], iteration: int = 1, nranks: int | None = None) -> "MotifTable":
+        """The FIFO baseline of the same comm-ops: each op one motif (its whole collective over its ranks) on
+        every channel, with seq = its submission index."""
+        channels, rows = _plan_rows(payload, iteration)
+        every = (1 << len(channels)) - 1 if channels else 1
+        ops = []
+        for index, row in enumerate(rows):
+            op = _comm_op(row)
+            motif = TableMotif(index, 0, index, as_motif(op), every, f"{row.get('name', '')}:fifo")
+            ops.append(_table_op(index, row, (motif,)))
+        return cls(tuple(ops), channels, nranks or _nranks(ops))
+
+
+def payload_row(op: CommOp, motifs: Sequence[Motif], seqs: Sequence[int], channels: Sequence[Sequence[str]], *,
+                name: str = "", iteration: int = 1, op_id: int = 0) -> dict[str, Any]:
+    """A schedule plan's comm-op row (payload["comm_ops"][i]) for `op` decomposed into `motifs`, motif i with
+    sequence number seqs[i] on the channels named channels[i] (for hand-made payloads)."""
+    rows = []
+    for i, m in enumerate(motifs):
+        rows.append({"name": f"{name or op.collective}#{i}", "collective": m.collective, "ranks": list(m.ranks),
+                     "regions": [[list(r) for r in region] for region in m.regions], "root": m.root,
+                     "deps": list(m.deps), "pattern": None if m.pattern is None else [list(p) for p in m.pattern],
+                     "channels": list(channels[i]), "seq": int(seqs[i]), "duration_us": 0.0, "start_us": 0.0,
+                     "end_us": 0.0})
+    return {"id": op_id, "name": name or op.collective, "iteration": iteration, "collective": op.collective,
+            "nbytes": op.nbytes, "ranks": list(op.ranks), "root": op.root, "option": 0, "plan": "", "motifs": rows}
+
+
+def _plan_rows(payload: Mapping[str, Any], iteration: int) -> tuple[tuple[str, ...], list[Mapping[str, Any]]]:
+    channels = tuple(payload.get("channels") or ())
+    if len(channels) > MAX_CHANNELS:
+        raise ValueError(f"the plan has {len(channels)} channels; the enforcer handles at most {MAX_CHANNELS}")
+    rows = [row for row in payload.get("comm_ops") or () if int(row.get("iteration", 0)) == iteration]
+    if not rows:
+        found = sorted({int(row.get("iteration", 0)) for row in payload.get("comm_ops") or ()})
+        raise ValueError(f"the plan has no comm-ops in iteration {iteration} (iterations present: {found})")
+    return channels, rows
+
+
+def _comm_op(row: Mapping[str, Any]) -> CommOp:
+    missing = [k for k in ("collective", "nbytes", "ranks") if row.get(k) is None]
+    if missing:
+        raise ValueError(f"comm-op {row.get('name') or row.get('id')}: the plan row lacks {', '.join(missing)} "
+                         f"(written by an mlopt older than the enforcer: re-plan)")
+    return CommOp(str(row["collective"]), int(row["nbytes"]), tuple(int(r) for r in row["ranks"]),
+                  None if row.get("root") is None else int(row["root"]))
+
+
+def _table_op(index: int, row: Mapping[str, Any], motifs: tuple[TableMotif, ...]) -> TableOp:
+    op = _comm_op(row)
+    return TableOp(index, str(row.get("name", f"op{index}")), op.collective, op.nbytes, op.ranks, op.root, motifs)
+
+
+def _motif_of(m: Mapping[str, Any], where: str) -> Motif:
+    missing = [k for k in ("collective", "ranks", "regions") if m.get(k) is None]
+    if missing:
+        raise ValueError(f"{where}: the plan's motif lacks {', '.join(missing)} (re-plan with a newer mlopt)")
+    pattern = m.get("pattern")
+    return Motif(str(m["collective"]), tuple(int(r) for r in m["ranks"]),
+                 tuple(tuple((int(o), int(n)) for o, n in region) for region in m["regions"]),
+                 None if m.get("root") is None else int(m["root"]), deps=tuple(int(d) for d in m.get("deps") or ()),
+                 pattern=None if pattern is None else tuple((int(s), int(d)) for s, d in pattern))
+
+
+def _mask(names: Iterable[str], channels: Sequence[str], where: str) -> int:
+    mask = 0
+    for name in names:
+        if name not in channels:
+            raise ValueError(f"{where}: channel {name!r} is not one of the plan's channels {list(channels)}")
+        mask |= 1 << channels.index(name)
+    if not mask:
+        raise ValueError(f"{where}: no channels")
+    return mask
+
+
+def _nranks(ops: Sequence[TableOp]) -> int:
+    return 1 + max(r for op in ops for m in op.motifs for r in m.motif.ranks)
+
+
+# ------------------------------------------------------------------------------------------------ programs
+
+
+def _ring_program(collective: str, n: int, root: int):
+    from mlopt.formats.topology import fully_connected
+    from mlopt.planners.collective.baselines import ring
+    from mlopt.planners.collective.lowering import lower
+    from mlopt.sim.collectives import CollectiveSpec
+
+    alg = ring(fully_connected(n), CollectiveSpec(collective, n, 1, root=root), channels=1)
+    return lower(alg, name=f"enforcer_{collective}{n}" + (f"_root{root}" if collective in ROOTED else ""))
+
+
+def _program(name: str, coll: str, chunks: int, gpus) -> Any:
+    from mlopt.formats.msccl import Program
+    from mlopt.formats.msccl_xml import check_limits
+
+    program = Program(name, "Simple", 1, chunks, len(gpus), coll, False, True, 0, 1 << 40, tuple(gpus))
+    problems = check_limits(program)
+    if problems:
+        raise ValueError(f"{name}: {problems[0]}")
+    return program
+
+
+def _copy_program(collective: str):
+    """One rank: the output is the input (a motif over a single rank)."""
+    from mlopt.formats.msccl import Gpu, Step, Threadblock
+
+    tb = Threadblock(0, -1, -1, 0, (Step(0, "cpy", "i", 0, "o", 0, 1),))
+    return _program(f"enforcer_{collective}1", collective, 1, [Gpu(0, 1, 1, 0, (tb,))])
+
+
+def _pattern_alltoall_program(n: int, pairs: frozenset[tuple[int, int]]):
+    """An all-to-all moving only `pairs` of positions (source, destination): block d of the source's input to
+    block s of the destination's output, one send/receive per pair (a copy when source == destination)."""
+    from mlopt.formats.msccl import Gpu, Step, Threadblock
+
+    gpus = []
+    for g in range(n):
+        tbs = []
+        if (g, g) in pairs:
+            tbs.append((-1, -1, Step(0, "cpy", "i", g, "o", g, 1)))
+        tbs += [(d, -1, Step(0, "s", "i", d, "o", 0, 1)) for d in range(n) if d != g and (g, d) in pairs]
+        tbs += [(-1, s, Step(0, "r", "i", 0, "o", s, 1)) for s in range(n) if s != g and (s, g) in pairs]
+        gpus.append(Gpu(g, n, n, 0, tuple(Threadblock(t, send, recv, 0, (step,))
+                                          for t, (send, recv, step) in enumerate(tbs))))
+    return _program(f"enforcer_alltoall{n}_pattern", "alltoall", n, gpus)
+
+
+def motif_program_xml(collective: str, n: int, root: int = 0,
+                      pattern: frozenset[tuple[int, int]] | None = None) -> str:
+    """MSCCL-EF XML of the program a motif runs: `collective` over n positions (root: a position), or a
+    splined all-to-all moving only the position pairs of `pattern`."""
+    from mlopt.formats.msccl_xml import write_program
+
+    if n == 1:
+        program = _copy_program(collective)
+    elif pattern is not None:
+        program = _pattern_alltoall_program(n, pattern)
+    else:
+        program = _ring_program(collective, n, root)
+    return write_program(program)
+
+
+class ProgramCache:
+    """Loaded motif programs, memoised per (collective, ranks, root position, pattern)."""
+
+    def __init__(self):
+        self._plans: dict[tuple, tuple[native.Plan, dict[str, Any]]] = {}
+
+    def get(self, collective: str, n: int, root: int = 0,
+            pattern: frozenset[tuple[int, int]] | None = None) -> tuple[native.Plan, dict[str, Any]]:
+        """(plan, its program_info)."""
+        key = (collective, n, root if collective in ROOTED else 0, pattern)
+        if key not in self._plans:
+            name = f"enforcer-{collective}-{n}" + (f"-root{key[2]}" if collective in ROOTED else "")
+            plan = native.Plan.from_bytes(motif_program_xml(collective, n, key[2], pattern), name)
+            info = plan.program_info
+            if collective in ROOTED and n > 1 and info["root"] != key[2]:
+                raise AssertionError(f"{name}: the program's root is {info['root']}")  # a bug, not user input
+            self._plans[key] = plan, info
+        return self._plans[key]
+
+    def close(self) -> None:
+        for plan, _ in self._plans.values():
+            plan.close()
+        self._plans.clear()
+
+
+# ------------------------------------------------------------------------------------------------ staging
+
+
+@dataclass(frozen=True)
+class Staged:
+    """A motif's program and how the op's buffers map onto its buffers: per position, gather ranges (op
+    buffer -> program input) and scatter ranges (program output -> op output), each (op offset, staging
+    offset, length) in bytes."""
+
+    program: native.Plan
+    count: int  # program input elements per position
+    source: int  # SOURCE_INPUT (all-to-all) or SOURCE_OUTPUT
+    gather: tuple[tuple[tuple[int, int, int], ...], ...]
+    scatter: tuple[tuple[tuple[int, int, int], ...], ...]
+
+
+def _local(region, base: int) -> list[tuple[int, int, int]]:
+    """The region's ranges laid end to end in a staging buffer from byte `base`."""
+    out, at = [], base
+    for offset, length in region:
+        out.append((offset, at, length))
+        at += length
+    return out
+
+
+def _pad(elements: int, multiple: int) -> int:
+    return -(-elements // multiple) * multiple
+
+
+def _check_aligned(m: Motif, elem: int, where: str) -> None:
+    if m.collective not in REDUCING:
+        return
+    for region in m.regions:
+        for offset, length in region:
+            if offset % elem or length % elem:
+                raise ValueError(f"{where}: {m.collective} byte range ({offset}, {length}) is not a multiple of the "
+                                 f"{elem}-byte elements it reduces")
+
+
+def stage(m: Motif, programs: ProgramCache, dtype: str = "float32", where: str = "motif") -> Staged:
+    """The program and staging layout of motif `m` for elements of `dtype` (see the module docstring)."""
+    elem = native.DTYPE_BYTES[dtype]
+    _check_aligned(m, elem, where)
+    n = len(m.ranks)
+    root = m.ranks.index(m.root) if m.collective in ROOTED else 0
+    pattern = None
+    if m.pattern is not None:
+        pos = {r: p for p, r in enumerate(m.ranks)}
+        pattern = frozenset((pos[s], pos[d]) for s, d in m.pattern)
+    plan, info = programs.get(m.collective, n, root, pattern)
+    length = sum(size for _, size in m.regions[0])
+    layout = _LAYOUTS[m.collective]
+    count, gather, scatter = layout(m, n, -(-length // elem), info, elem, root, pattern)
+    source = SOURCE_INPUT if m.collective == "alltoall" else SOURCE_OUTPUT
+    return Staged(plan, count, source, tuple(map(tuple, gather)), tuple(map(tuple, scatter)))
+
+
+def _shared(m, n, elems, info, elem, root, pattern):
+    """allreduce / broadcast / reduce: one region, the program's whole input and output."""
+    count = _pad(elems, info["i_chunks"])
+    ranges = _local(m.regions[0], 0)
+    gather = [ranges if m.collective != "broadcast" or p == root else [] for p in range(n)]
+    if m.collective == "allreduce":
+        scatter = [ranges] * n
+    elif m.collective == "broadcast":
+        scatter = [[] if p == root else ranges for p in range(n)]
+    else:  # reduce: only the root's output is defined
+        scatter = [ranges if p == root else [] for p in range(n)]
+    return count, gather, scatter
+
+
+def _allgather(m, n, elems, info, elem, root, pattern):
+    block = _pad(elems, info["i_chunks"])  # the own block in, every block out
+    gather = [_local(m.regions[p], 0) for p in range(n)]
+    scatter = [[r for j in range(n) if j != p for r in _local(m.regions[j], j * block * elem)] for p in range(n)]
+    return block, gather, scatter
+
+
+def _reducescatter(m, n, elems, info, elem, root, pattern):
+    block = _pad(elems, info["o_chunks"])  # every block in, the own block out
+    every = [r for j in range(n) for r in _local(m.regions[j], j * block * elem)]
+    return n * block, [every] * n, [_local(m.regions[p], 0) for p in range(n)]
+
+
+def _alltoall(m, n, elems, info, elem, root, pattern):
+    """Block q of position p's input goes to position q, block p of its output comes from position p."""
+    block = _pad(elems, info["i_chunks"] // n)
+    moves = pattern if pattern is not None else frozenset((s, d) for s in range(n) for d in range(n))
+    gather = [[r for q in range(n) if (p, q) in moves for r in _local(m.regions[q], q * block * elem)]
+              for p in range(n)]
+    scatter = [[r for q in range(n) if (q, p) in moves for r in _local(m.regions[q], q * block * elem)]
+               for p in range(n)]
+    return n * block, gather, scatter
+
+
+_LAYOUTS = {"allreduce": _shared, "broadcast": _shared, "reduce": _shared, "allgather": _allgather,
+            "reducescatter": _reducescatter, "alltoall": _alltoall}
+
+
+# ------------------------------------------------------------------------------------------------ binding
+
+
+@dataclass(frozen=True)
+class EnforcerStats:
+    """mlopt_enforcer_stats of one rank."""
+
+    iterations: int
+    motifs_issued: int
+    motifs_completed: int
+    wait_us: float  # total time ENFORCEORDER waited for an expected motif while others were queued
+    last_wait_us: float  # the last completed iteration's
+    last_wall_us: float  # its first submission to its last motif's completion
+    replan_suggested: bool  # last_wait_us > replan_threshold * last_wall_us
+
+
+@dataclass(frozen=True)
+class IssuedMotif:
+    op: int
+    index: int
+    iteration: int
+
+
+def _address(value: Any, what: str) -> tuple[int, int]:
+    """(address, bytes) of a writable C-contiguous numpy array or a contiguous CPU torch tensor (any dtype:
+    the enforcer moves bytes; the motifs' dtype says how they are reduced)."""
+    if native._is_torch(value):
+        if value.device.type != "cpu" or not value.is_contiguous():
+            raise ValueError(f"{what}: needs a contiguous CPU tensor")
+        return value.data_ptr(), value.numel() * value.element_size()
+    import numpy as np
+
+    if not isinstance(value, np.ndarray) or not value.flags.c_contiguous or not value.flags.writeable:
+        raise ValueError(f"{what}: needs a writable C-contiguous numpy array, got {type(value).__name__}")
+    return value.ctypes.data, value.nbytes
+
+
+class Enforcer(native._Owned):
+    """The runtime's enforcer over `nranks` in-process ranks (mlopt.h, "enforcer").
+
+    Add the motif table (`load`, or `add_motif` one by one), `start`, then each rank's application thread
+    calls `submit(rank, op, input, output)` (non-blocking) and `wait(rank, op)`. Submitted buffers are kept
+    alive here until a wait covering them returns.
+    """
+
+    _what = "enforcer"
+
+    def __init__(self, nranks: int, *, enforce_order: bool = True, watchdog_ms: int = 10000,
+                 replan_threshold: float = 0.05, threads: int = 1, executors: int = 0):
+        lib = native.library()
+        options = native._EnforcerOptions()
+        lib.mlopt_enforcer_options_init(ctypes.byref(options))
+        options.watchdog_ms, options.replan_threshold = int(watchdog_ms), float(replan_threshold)
+        options.threads, options.executors = int(threads), int(executors)
+        options.enforce_order = int(bool(enforce_order))
+        handle, err = ctypes.c_void_p(), ctypes.c_void_p()
+        native._raise_for(lib, lib.mlopt_enforcer_create(int(nranks), ctypes.byref(options), ctypes.byref(handle),
+                                                         ctypes.byref(err)), err)
+        super().__init__(lib, handle, lib.mlopt_enforcer_free)
+        self.nranks = int(nranks)
+        self._op_bytes: dict[int, int] = {}
+        self._kept: dict[tuple[int, int], list[Any]] = {}  # (rank, op) -> buffers of unfinished submissions
+        self._kept_lock = threading.Lock()
+
+    def close(self) -> None:
+        super().close()
+        with self._kept_lock:
+            self._kept.clear()
+
+    def _call(self, function, *args) -> None:
+        err = ctypes.c_void_p()
+        native._raise_for(self._lib, function(self.handle, *args, ctypes.byref(err)), err)
+
+    def add_motif(self, *, op: int, index: int, seq: int, program: native.Plan, ranks: Sequence[int],
+                  count: int, op_bytes: int, gather: Sequence[Sequence[tuple[int, int, int]]],
+                  scatter: Sequence[Sequence[tuple[int, int, int]]], deps: Sequence[int] = (),
+                  channel_mask: int = 1, dtype: str = "float32", redop: str = "sum", source: int = SOURCE_OUTPUT,
+                  name: str = "") -> None:
+        """One motif (mlopt_motif_desc); the library copies everything, the program included."""
+        n = len(ranks)
+        if len(gather) != n or len(scatter) != n:
+            raise ValueError(f"op {op} motif {index}: gather and scatter need one list per rank ({n})")
+        def ranges(items):  # the arrays stay alive as long as the structs they are assigned to
+            return (native._ByteRange * max(1, len(items)))(*[native._ByteRange(*r) for r in items]), len(items)
+
+        positions = (native._MotifPosition * n)()
+        for p in range(n):
+            (positions[p].gather, positions[p].gather_count) = ranges(gather[p])
+            (positions[p].scatter, positions[p].scatter_count) = ranges(scatter[p])
+        desc = native._MotifDesc()
+        desc.struct_size = ctypes.sizeof(native._MotifDesc)
+        desc.name = name.encode("utf-8")
+        desc.op, desc.index, desc.seq = int(op), int(index), int(seq)
+        desc.program = program.handle.value
+        desc.nranks = n
+        desc.ranks = (ctypes.c_int32 * n)(*ranks)
+        desc.deps = (ctypes.c_int32 * max(1, len(deps)))(*deps)
+        desc.deps_count = len(deps)
+        desc.channel_mask = int(channel_mask)
+        desc.dtype, desc.redop = native.DTYPES[dtype], native.OPS[redop]
+        desc.count, desc.op_bytes, desc.source = int(count), int(op_bytes), int(source)
+        desc.positions = positions
+        self._call(self._lib.mlopt_enforcer_add_motif, ctypes.byref(desc))
+        self._op_bytes[int(op)] = int(op_bytes)
+
+    def load(self, table: MotifTable, dtype: str = "float32", redop: str = "sum",
+             programs: ProgramCache | None = None) -> None:
+        """Adds every motif of `table` (programs from `programs`, or a cache of its own)."""
+        own = programs is None
+        programs = programs or ProgramCache()
+        try:
+            for op in table.ops:
+                for tm in op.motifs:
+                    where = f"op {op.index} ({op.name}) motif {tm.index}"
+                    staged = stage(tm.motif, programs, dtype, where)
+                    self.add_motif(op=op.index, index=tm.index, seq=tm.seq, program=staged.program,
+                                   ranks=tm.motif.ranks, count=staged.count, op_bytes=op.nbytes,
+                                   gather=staged.gather, scatter=staged.scatter, deps=tm.motif.deps,
+                                   channel_mask=tm.channel_mask, dtype=dtype, redop=redop, source=staged.source,
+                                   name=tm.name)
+        finally:
+            if own:
+                programs.close()  # the library holds copies
+
+    def start(self) -> None:
+        self._call(self._lib.mlopt_enforcer_start)
+
+    def submit(self, rank: int, op: int, input: Any, output: Any | None = None) -> None:
+        """Rank `rank` submits op `op` (non-blocking): `input` and `output` (None: in place) are contiguous
+        buffers of at least the op's bytes, left alone until a wait covering this submission returns."""
+        output = input if output is None else output
+        in_address, in_bytes = _address(input, f"op {op} input")
+        out_address, out_bytes = _address(output, f"op {op} output")
+        need = self._op_bytes.get(int(op), 0)
+        if min(in_bytes, out_bytes) < need:
+            raise ValueError(f"op {op}: buffers of {in_bytes} and {out_bytes} bytes; the op needs {need}")
+        with self._kept_lock:
+            self._kept.setdefault((int(rank), int(op)), []).append((input, output))
+        self._call(self._lib.mlopt_enforcer_submit, int(rank), int(op), in_address, out_address)
+
+    def wait(self, rank: int, op: int = -1) -> None:
+        """Until rank's latest submission of `op` (-1: all of the rank's) completed; RuntimeLibraryError
+        (status_name MLOPT_ERR_DEADLOCK, ...) when it never will."""
+        self._call(self._lib.mlopt_enforcer_wait, int(rank), int(op))
+        with self._kept_lock:
+            if op < 0:
+                for key in [k for k in self._kept if k[0] == rank]:
+                    del self._kept[key]
+            else:
+                self._kept.pop((int(rank), int(op)), None)
+
+    def drain(self) -> None:
+        self._call(self._lib.mlopt_enforcer_drain)
+        with self._kept_lock:
+            self._kept.clear()
+
+    def stats(self, rank: int) -> EnforcerStats:
+        out = native._EnforcerStats()
+        out.struct_size = ctypes.sizeof(native._EnforcerStats)
+        self._call(self._lib.mlopt_enforcer_get_stats, int(rank), ctypes.byref(out))
+        return EnforcerStats(out.iterations, out.motifs_issued, out.motifs_completed, out.wait_us, out.last_wait_us,
+                             out.last_wall_us, bool(out.replan_suggested))
+
+    def issue_log(self, rank: int) -> list[IssuedMotif]:
+        count = ctypes.c_size_t()
+        self._call(self._lib.mlopt_enforcer_issue_log, int(rank), None, None, None, 0, ctypes.byref(count))
+        n = count.value
+        ops, indices, iterations = (ctypes.c_int32 * n)(), (ctypes.c_int32 * n)(), (ctypes.c_int32 * n)()
+        self._call(self._lib.mlopt_enforcer_issue_log, int(rank), ops, indices, iterations, n, ctypes.byref(count))
+        return [IssuedMotif(ops[i], indices[i], iterations[i]) for i in range(min(n, count.value))]
+
+
+# ------------------------------------------------------------------------------------------------ harness
+
+
+@dataclass(frozen=True)
+class Item:
+    """One workload item of an application thread: compute (`duration_us` of sleep, after waiting for the
+    comm-ops in `waits`) or comm (submit table op `op`)."""
+
+    kind: str  # "compute" | "comm"
+    name: str = ""
+    duration_us: float = 0.0
+    op: int | None = None
+    waits: tuple[int, ...] = ()
+
+
+@dataclass
+class HarnessResult:
+    iteration_us: list[float]  # per iteration: first rank's start to last rank's end
+    stats: list[EnforcerStats]  # per rank, after the run
+    logs: list[list[IssuedMotif]]  # per rank
+    mismatches: list[str] = field(default_factory=list)  # when verifying: "iteration i rank r op o: ..."
+
+    @property
+    def mean_iteration_us(self) -> float:
+        return sum(self.iteration_us) / len(self.iteration_us) if self.iteration_us else 0.0
+
+
+def input_values(rank: int, op: int, iteration: int, elements: int):
+    """Rank's input of `op` in `iteration` (float32): small integers, so sums are exact in any order."""
+    import numpy as np
+
+    return ((rank + 1) * (op + 1) + np.arange(elements) % 13 + iteration).astype(np.float32)
+
+
+def expected_output(op: TableOp, rank: int, iteration: int):
+    """(values, mask of the elements the collective defines) of rank's output of `op` (float32)."""
+    import numpy as np
+
+    n, elements = len(op.ranks), op.nbytes // 4
+    ins = {r: input_values(r, op.index, iteration, elements) for r in op.ranks}
+    out, defined = np.zeros(elements, np.float32), np.ones(elements, bool)
+    block, pos = elements // n, op.ranks.index(rank)
+    total = sum(ins.values())
+    if op.collective == "allreduce":
+        out[:] = total
+    elif op.collective == "broadcast":
+        out[:] = ins[op.root]
+    elif op.collective == "reduce":
+        out[:], defined[:] = total, rank == op.root
+    elif op.collective == "allgather":
+        for j, r in enumerate(op.ranks):
+            out[j * block:(j + 1) * block] = ins[r][j * block:(j + 1) * block]
+    elif op.collective == "reducescatter":
+        defined[:] = False
+        defined[pos * block:(pos + 1) * block] = True
+        out[pos * block:(pos + 1) * block] = total[pos * block:(pos + 1) * block]
+    else:  # alltoall: block j comes from rank j, which sent its block `pos`
+        for j, r in enumerate(op.ranks):
+            out[j * block:(j + 1) * block] = ins[r][pos * block:(pos + 1) * block]
+    return out, defined
+
+
+def _check_output(op: TableOp, rank: int, iteration: int, got) -> str:
+    import numpy as np
+
+    want, defined = expected_output(op, rank, iteration)
+    bad = np.flatnonzero(defined & (got != want))
+    if not bad.size:
+        return ""
+    i = int(bad[0])
+    return (f"iteration {iteration} rank {rank} op {op.index} ({op.collective}): element {i} is {got[i]}, expected "
+            f"{want[i]} ({bad.size} bad)")
+
+
+def run_iteration_harness(table: MotifTable, items: Sequence[Item] | Mapping[int, Sequence[Item]], iterations: int,
+                          *, enforce_order: bool = True, verify: bool = True, watchdog_ms: int = 10000,
+                          threads: int = 1, executors: int = 0) -> HarnessResult:
+    """Runs `iterations` training iterations of `table` with one Python thread per rank as its application.
+
+    `items` is the issue order of every rank (or rank -> its own order): a comm item submits its op (ranks
+    the op does not involve skip it), a compute item first waits for the ops in `waits`, then sleeps for its
+    duration. It sleeps rather than spins: this machine may have two cores, which the enforcer's threads and
+    the interpreter need. At the end of each iteration a rank waits for all its submissions. Buffers are
+    float32 (ops' nbytes must be multiples of 4 and blocked ops' of 4 x ranks to verify); each rank refills
+    its inputs before submitting and, with `verify`, checks its outputs against `expected_output` after every
+    iteration. Raises RuntimeLibraryError from the library (a deadlock: MLOPT_ERR_DEADLOCK), e.g. when the
+    table orders an op before one a rank waits for before submitting it (no enforcer can issue it earlier).
+    """
+    import numpy as np
+
+    if verify:
+        for op in table.ops:
+            if op.nbytes % (4 * (len(op.ranks) if op.collective in BLOCKED else 1)):
+                raise ValueError(f"op {op.index}: nbytes={op.nbytes} cannot be verified as float32 blocks")
+    per_rank = items if isinstance(items, Mapping) else {r: items for r in range(table.nranks)}
+    buffers = {(r, op.index): (np.zeros(-(-op.nbytes // 4), np.float32), np.zeros(-(-op.nbytes // 4), np.float32))
+               for op in table.ops for r in range(table.nranks) if op.involves(r)}
+    starts = [[0.0] * iterations for _ in range(table.nranks)]
+    ends = [[0.0] * iterations for _ in range(table.nranks)]
+    errors: list[BaseException] = []
+    mismatches: list[str] = []
+
+    with Enforcer(table.nranks, enforce_order=enforce_order, watchdog_ms=watchdog_ms, threads=threads,
+                  executors=executors) as enforcer:
+        enforcer.load(table)
+        enforcer.start()
+
+        def application(rank: int) -> None:
+            mine = [op for op in table.ops if op.involves(rank)]
+            for it in range(iterations):
+                starts[rank][it] = time.perf_counter()
+                for item in per_rank.get(rank, ()):
+                    _run_item(enforcer, table, buffers, rank, it, item)
+                enforcer.wait(rank)
+                ends[rank][it] = time.perf_counter()
+                if verify:
+                    mismatches.extend(filter(None, (_check_output(op, rank, it, buffers[(rank, op.index)][1])
+                                                    for op in mine)))
+
+        def guarded(rank: int) -> None:
+            try:
+                application(rank)
+            except BaseException as exc:  # re-raised on the calling thread
+                errors.append(exc)
+
+        workers = [threading.Thread(target=guarded, args=(r,), name=f"rank{r}") for r in range(table.nranks)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        if errors:
+            raise errors[0]
+        stats = [enforcer.stats(r) for r in range(table.nranks)]
+        logs = [enforcer.issue_log(r) for r in range(table.nranks)]
+    iteration_us = [(max(e[i] for e in ends) - min(s[i] for s in starts)) * 1e6 for i in range(iterations)]
+    return HarnessResult(iteration_us, stats, logs, mismatches)
+
+
+def _run_item(enforcer: Enforcer, table: MotifTable, buffers, rank: int, iteration: int, item: Item) -> None:
+    if item.kind == "compute":
+        for op in item.waits:
+            if table.ops[op].involves(rank):
+                enforcer.wait(rank, op)
+        time.sleep(item.duration_us / 1e6)
+        return
+    if item.kind != "comm" or item.op is None:
+        raise ValueError(f"item {item.name!r}: kind must be 'compute' or 'comm' (with an op)")
+    op = table.ops[item.op]
+    if not op.involves(rank):
+        return
+    source, output = buffers[(rank, op.index)]
+    source[: op.nbytes // 4] = input_values(rank, op.index, iteration, op.nbytes // 4)
+    output[:] = -1.0e9  # what no collective computes here: stale results show
+    enforcer.submit(rank, op.index, source, output)
