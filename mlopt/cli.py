@@ -635,7 +635,7 @@ def _simulate_iteration(files, topology_spec, topology_opts, model_path, workloa
     for path in () if plans.threads else plans.schedules:
         from mlopt.formats.plan import load_plan
 
-        order = ev.schedule_order(load_plan(path).payload, workload, path)
+        workload, order = ev.with_schedule_plan(workload, load_plan(path).payload, path)
     report = ev.evaluate(workload, topology, options, ev.xml_plans(plans.xmls), source=source, order=order)
     title = f"{workload.name} on {topology.name}"
     if gantt_path:
@@ -736,6 +736,22 @@ def _simulate_memory(files: tuple[str, ...], model_path: str | None, plot_path: 
 
 # ---------------------------------------------------------------------------------------------------------
 # run-collective
+
+
+# ---------------------------------------------------------------------------------------------------------
+# profile
+
+
+@cli.group()
+def profile() -> None:
+    """Measure this machine: link profiles and topology, operator times, compute/communication contention."""
+
+
+# --- profile hardware (mlopt/profilers/hardware.py)
+
+# --- profile operators (mlopt/profilers/operators.py)
+
+# --- profile contention (mlopt/profilers/contention.py)
 
 
 @cli.command("run-collective")

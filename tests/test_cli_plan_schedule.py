@@ -65,7 +65,14 @@ def test_the_simulator_issues_the_plans_order(run_cli, trace, tmp_path):
     report = run_cli("simulate", tmp_path / "s.json", "--model", trace, "--topology", "fully-connected:2",
                      "--iterations", "2", "--json")
     assert report.code == 0, report.err
-    assert json.loads(report.out)["policy"] == "explicit"
+    result = json.loads(report.out)
+    assert result["policy"] == "explicit"
+    # every comm-op is simulated as its motifs, issued in the plan's sequence order
+    payload = json.loads((tmp_path / "s.json").read_text())["payload"]
+    motifs = sorted((m["seq"], k, j) for k, op in enumerate(payload["comm_ops"]) for j, m in enumerate(op["motifs"]))
+    names = [f"{payload['comm_ops'][k]['name']}/{payload['comm_ops'][k]['motifs'][j]['name']}" for _, k, j in motifs]
+    simulated = sorted(result["collectives"], key=lambda c: c["start_us"])
+    assert len(simulated) == len(names) and {c["name"] for c in simulated} == set(names)
     one = run_cli("simulate", tmp_path / "s.json", "--model", trace, "--topology", "fully-connected:2", "--json")
     assert one.code == 0 and json.loads(one.out)["policy"] == "explicit"  # the plan's first iteration
     wrong = run_cli("simulate", tmp_path / "s.json", "--model", trace, "--topology", "fully-connected:2",

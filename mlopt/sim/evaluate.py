@@ -283,27 +283,82 @@ def classify_plans(paths: Sequence[str]) -> PlanFiles:
     return PlanFiles(tuple(xmls), tuple(memory), tuple(threads), tuple(schedules), tuple(left_out))
 
 
-def schedule_order(payload: dict, workload, source: str) -> tuple[int, ...]:
-    """The comm items in the order a schedule plan issues them (its first motif's sequence number; the
-    Syndicate enforcer issues in that order on every rank), then any comm item the plan does not list, in issue
-    order. The plan's ids are the items of the same trace unrolled over as many iterations or more (a simulation
-    of fewer iterations takes the plan's first ones, whose item ids are the same)."""
+def _motif_nbytes(m: dict) -> int:
+    """A motif's size in nccl-tests' convention (per-peer collectives: all its blocks), an all-to-all part
+    scaled by the share of (source, destination) pairs its pattern moves."""
+    from mlopt.planners.schedule.motifs import BLOCKED
+
+    n = len(m["ranks"])
+    length = sum(int(r[1]) for r in m["regions"][0])
+    nbytes = length * n if m["collective"] in BLOCKED else length
+    if m["collective"] == "alltoall" and m.get("pattern") is not None:
+        moved = sum(1 for a, b in m["pattern"] if a != b)
+        nbytes = max(1, round(nbytes * moved / max(1, n * (n - 1))))
+    return nbytes
+
+
+def with_schedule_plan(workload, payload: dict, source: str):
+    """(workload, order): every comm item the schedule plan covers replaced by its motifs, each a comm item of
+    its own (its collective over its ranks, a rooted one's root first; deps: the op's deps and the motifs it
+    follows), whatever waited for the op waiting for all of them; order: the motifs by sequence number (ties:
+    plan order), then the comm items the plan does not cover, in issue order. A plan unrolled over more
+    iterations than simulated contributes its first ones (same item ids). The simulator's collective lanes
+    (--channels) are generic: a motif is not pinned to the link class the plan gave it."""
+    from mlopt.sim.workload import Workload, WorkItem
+
     planned = payload["options"]["iterations"]
     if workload.iterations > planned:
         raise InputError(source, "$.payload.options.iterations",
                          f"the plan covers {planned} iterations: simulate with --iterations {planned} or fewer")
-    comm = [item.id for item in workload.items if item.kind == "comm"]
-    known = set(comm)
-    first_seq = {}
-    for op in payload["comm_ops"]:
-        if op.get("iteration", 0) >= workload.iterations:
+    by_id = {item.id: item for item in workload.items}
+    rows = [op for op in payload["comm_ops"] if op.get("iteration", 0) < workload.iterations]
+    for k, op in enumerate(rows):
+        item = by_id.get(op["id"])
+        if item is None or item.kind != "comm":
+            raise InputError(source, f"$.payload.comm_ops[{k}]", f"comm-op {op['id']} ({op['name']}) is not a "
+                                                                 "collective of the workload")
+        if any(not m.get("ranks") or not m.get("regions") for m in op["motifs"]):
+            raise InputError(source, f"$.payload.comm_ops[{k}].motifs", "the motifs do not say what they do "
+                                                                        "(replan with this version)")
+    next_id = 1 + max(item.id for item in workload.items)
+    motif_ids: dict[int, list[int]] = {}
+    for op in rows:
+        motif_ids[op["id"]] = list(range(next_id, next_id + len(op["motifs"])))
+        next_id += len(op["motifs"])
+
+    def mapped(deps: tuple[int, ...]) -> tuple[int, ...]:
+        return tuple(x for d in deps for x in motif_ids.get(d, [d]))
+
+    new_items: dict[int, list] = {}
+    keyed = []
+    for pos, op in enumerate(rows):
+        item, ids = by_id[op["id"]], motif_ids[op["id"]]
+        made = []
+        for j, m in enumerate(op["motifs"]):
+            ranks = tuple(m["ranks"])
+            if m.get("root") is not None and m["root"] in ranks:
+                k = ranks.index(m["root"])
+                ranks = ranks[k:] + ranks[:k]
+            deps = tuple(ids[d] for d in m.get("deps", ())) or mapped(item.deps)
+            made.append(WorkItem(ids[j], f"{item.name}/{m['name']}", "comm", collective=m["collective"],
+                                 nbytes=_motif_nbytes(m), group=ranks, deps=deps, iteration=item.iteration,
+                                 phase="comm", layer=item.layer, source_op=item.source_op))
+            keyed.append(((m["seq"], pos, j), ids[j]))
+        new_items[item.id] = made
+    items = []
+    for item in workload.items:
+        if item.id in new_items:
+            items.extend(new_items[item.id])
             continue
-        if op["id"] not in known:
-            raise InputError(source, "$.payload.comm_ops", f"comm-op {op['id']} ({op['name']}) is not a collective "
-                                                           f"of the workload")
-        first_seq[op["id"]] = min((m["seq"] for m in op["motifs"]), default=0)
-    ordered = sorted(first_seq, key=lambda i: (first_seq[i], comm.index(i)))
-    return tuple(ordered) + tuple(i for i in comm if i not in first_seq)
+        if any(d in motif_ids for d in item.deps):
+            item = replace(item, deps=mapped(item.deps))
+        items.append(item)
+    covered = [i for _, i in sorted(keyed)]
+    planned_ids = set(covered)
+    rest = [item.id for item in items if item.kind == "comm" and item.id not in planned_ids]
+    carry = None if workload.carry is None else tuple(
+        (a, b) for a, b in workload.carry if a not in motif_ids and b not in motif_ids)
+    return Workload(workload.name, workload.world_size, tuple(items), carry=carry), tuple(covered + rest)
 
 
 def evaluate(workload, topology, options: EvaluateOptions, plans: Sequence[XmlPlan] = (), *, source: str = "workload",
