@@ -99,10 +99,10 @@ def test_too_few_distinct_thread_counts_is_an_input_error():
 
 def test_non_converging_fit_is_an_input_error(monkeypatch):
     class Failed:
-        status, x, cost, nfev, message = 0, np.array([1.0, 1.0]), 1.0, 2000, "maximum nfev exceeded"
+        status, x, cost, nfev, message = -1, np.array([1.0, 1.0]), 1.0, 2000, "improper input parameters"
 
     monkeypatch.setattr(ct, "least_squares", lambda *a, **k: Failed())
-    with pytest.raises(InputError, match="compute: the fit did not converge: maximum nfev exceeded"):
+    with pytest.raises(InputError, match="compute: the fit did not converge: improper input parameters"):
         fit(synthetic_samples(DEFAULT_PARAMETERS, R, seed=0), "samples.json")
 
 

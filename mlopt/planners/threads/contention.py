@@ -311,7 +311,9 @@ def _solve(residuals, x0, lower, upper, kind: str, source: str):
                             xtol=1e-12, ftol=1e-12, gtol=1e-12, max_nfev=2000)
     except (ValueError, FloatingPointError) as exc:
         raise InputError(source, "$.samples", f"{kind}: the fit failed: {exc}") from None
-    if sol.status <= 0 or not np.all(np.isfinite(sol.x)) or not math.isfinite(sol.cost):
+    # status 0 (the evaluation cap) keeps the best point found: its quality shows in the residuals reported;
+    # negative statuses are failures
+    if sol.status < 0 or not np.all(np.isfinite(sol.x)) or not math.isfinite(sol.cost):
         raise InputError(source, "$.samples", f"{kind}: the fit did not converge: {sol.message}")
     return sol
 
@@ -375,9 +377,16 @@ def _fit_comm(samples: Sequence[Sample], kind: str, gamma4: float, source: str) 
         pred_rate = g1 * (1.0 - k * np.exp(-g3 * (s - s_min)))
         return rate / pred_rate - 1.0  # = model_time / measured - 1
 
-    sol = _solve(residuals, [g1_0, k_0, g3_0], [1e-300, -np.inf, 0.0], [np.inf, 1.0 - 1e-9, np.inf], kind, source)
+    # g3 at most the starting grid's largest value: beyond it the rate is a step between the two smallest r
+    # (noise, not a trend), and exp(g3 s_min) below would overflow
+    g3_max = 1e2 / scale_s
+    sol = _solve(residuals, [g1_0, k_0, min(g3_0, g3_max)], [1e-300, -np.inf, 0.0], [np.inf, 1.0 - 1e-9, g3_max],
+                 kind, source)
     g1, k, g3 = (float(v) for v in sol.x)
-    g2 = k * g1 * math.exp(g3 * s_min)
+    try:
+        g2 = k * g1 * math.exp(g3 * s_min)
+    except OverflowError:
+        g2 = math.inf
     p = _prefix(kind)
     if not math.isfinite(g2):
         raise InputError(source, "$.samples", f"{kind}: the fit did not converge: gamma2 overflows (gamma3 = {g3:g})")
