@@ -54,8 +54,20 @@ def _topology_options(nodes: int | None, chunk_size: str | None, time_unit_us: f
 
 def planner_options(func: Callable, output_required: bool = True) -> Callable:
     """The knobs every planner shares, mirroring mlopt.planners.options.PlannerOptions one to one."""
+    def output_unless_check(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+        if value is None and output_required and ctx.params.get("check_path") is None:
+            raise click.MissingParameter(ctx=ctx, param=param)  # -o is required unless --check (declared first)
+        return value
+
     decorators = [
-        click.option("-o", "--output", required=output_required, type=click.Path(), help="Where to write the plan(s)."),
+        click.option("--check", "check_path", type=click.Path(), default=None,
+                     help="Do not plan: exit 0 if PLAN (made by this command) is current for these inputs and "
+                          "options, 1 if stale (docs/plan-check.md)."),
+        click.option("--resolve", is_flag=True, help="With --check: also re-plan into a temporary folder and "
+                                                     "compare the bytes."),
+        click.option("--strict-version", is_flag=True, help="With --check: another mlopt version is stale."),
+        click.option("-o", "--output", type=click.Path(), callback=output_unless_check,
+                     help="Where to write the plan(s) (required unless --check)."),
         click.option("--solver", type=click.Choice(["auto", "highs", "cbc", "gurobi"]), default="auto",
                      show_default=True, help="MILP backend (auto: gurobi with a full licence, else highs)."),
         click.option("--time-limit", "time_limit_s", type=click.FloatRange(min=0, min_open=True), default=None,
@@ -77,8 +89,20 @@ def planner_options(func: Callable, output_required: bool = True) -> Callable:
 def solverless_planner_options(func: Callable) -> Callable:
     """The shared knobs of a planner without a MILP (its own algorithm is exact or heuristic): output, seed,
     wall time, JSON; the solver knobs stay at PlannerOptions' defaults."""
+    def output_unless_check(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+        if value is None and ctx.params.get("check_path") is None:
+            raise click.MissingParameter(ctx=ctx, param=param)  # -o is required unless --check (declared first)
+        return value
+
     decorators = [
-        click.option("-o", "--output", required=True, type=click.Path(), help="Where to write the plan."),
+        click.option("--check", "check_path", type=click.Path(), default=None,
+                     help="Do not plan: exit 0 if PLAN (made by this command) is current for these inputs and "
+                          "options, 1 if stale (docs/plan-check.md)."),
+        click.option("--resolve", is_flag=True, help="With --check: also re-plan into a temporary folder and "
+                                                     "compare the bytes."),
+        click.option("--strict-version", is_flag=True, help="With --check: another mlopt version is stale."),
+        click.option("-o", "--output", type=click.Path(), callback=output_unless_check,
+                     help="Where to write the plan (required unless --check)."),
         click.option("--seed", type=int, default=0, show_default=True, help="Heuristic seed."),
         click.option("--record-wall-time", is_flag=True, help="Record the wall time in the plan (breaks byte-identity)."),
         click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary on stdout."),
@@ -124,6 +148,25 @@ def _progress(ctx: click.Context, title: str) -> Iterator[Callable[[str], None]]
 
     with Console(stderr=True).status(title) as status:
         yield lambda message: status.update(f"{title}: {message}")
+
+
+@contextlib.contextmanager
+def _progress_bar(ctx: click.Context, title: str) -> Iterator[Callable[[int, int, str], None]]:
+    """A rich progress bar on stderr (done/total, current item); silent with -q or when piped."""
+    if (ctx.obj or {}).get("verbose", 1) < 1 or not sys.stderr.isatty():
+        yield lambda done, total, what: None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  TextColumn("{task.fields[what]}"), console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task(title, total=None, what="")
+
+        def update(done: int, total: int, what: str) -> None:
+            bar.update(task, completed=done, total=total, what=what)
+
+        yield update
 
 
 def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
@@ -219,6 +262,55 @@ def trace(ctx: click.Context, source: str, output: str, kineto, rank, step_scope
 # plan
 
 
+def _check_or_write(ctx: click.Context, kind: str, kwargs: dict[str, Any], inputs: dict[str, Any], options,
+                    specific: dict[str, Any] | None = None) -> bool:
+    """`--check PLAN` (docs/plan-check.md): compare PLAN with these inputs and options (kind "index": every plan
+    an `mlopt plan --model` index lists) and, with --resolve, with what this very command writes into a temporary
+    folder; print the verdict and exit 0 (current) or 1 (stale), writing nothing. False without --check."""
+    if kwargs.get("check_path") is None:
+        return False
+    import tempfile
+
+    from mlopt.formats import staleness as st
+
+    if ctx.params.get("sweep_text"):
+        raise click.UsageError("--check takes one plan: check the plans of a --sweep one by one")
+    path, strict = kwargs["check_path"], kwargs["strict_version"]
+    checks = (st.check_index(path, inputs, options.to_dict(), strict) if kind == "index"
+              else [st.check_plan(path, kind, inputs, options.to_dict(), specific, strict)])
+    if kwargs["resolve"]:
+        timed = st.recorded_wall_time([Path(c.plan) for c in checks])
+        if timed is not None:
+            raise InputError(str(timed), "$.provenance.wall_time_s", "recorded (--record-wall-time): a re-run "
+                             "cannot repeat its bytes; --check it without --resolve")
+        obj, verbose = ctx.obj if ctx.obj is not None else {}, (ctx.obj or {}).get("verbose", 1)
+        with tempfile.TemporaryDirectory(prefix="mlopt-check-") as tmp:
+            out = st.rerun_output(kind, path, Path(tmp))
+            overrides = {"check_path": None, "resolve": False, "output": str(out), "as_json": False,
+                         "record_wall_time": False, **({"dump_model": None} if "dump_model" in ctx.params else {})}
+            try:
+                obj["verbose"] = 0
+                ctx.invoke(ctx.command, **{**ctx.params, **overrides})
+            finally:
+                obj["verbose"] = verbose
+            st.apply_resolve(checks, st.compare_outputs(out if kind == "index" else Path(tmp),
+                                                        Path(checks[0].plan).parent, strict))
+    if kwargs["as_json"]:
+        _print_json([c.to_dict() for c in checks] if kind == "index" else checks[0].to_dict())
+    for check in checks:
+        if not kwargs["as_json"] and (not check.current or (ctx.obj or {}).get("verbose", 1) >= 1):
+            click.echo("\n".join(check.lines()))
+        for warning in check.warnings:
+            click.echo(f"mlopt: warning: {check.plan}: {warning}", err=True)
+    stale = [c.plan for c in checks if not c.current]
+    if len(stale) == len(checks) == 1:
+        raise st.StalePlanError(f"{stale[0]} is stale (regenerate it without --check)")
+    if stale:
+        raise st.StalePlanError(f"{len(stale)} of the {len(checks)} files checked are stale (regenerate them "
+                                f"without --check)")
+    return True
+
+
 @cli.group(invoke_without_command=True)
 @click.option("--model", "model_path", default=None, help="Trace to plan for (mlopt trace or PyTorch ET).")
 @click.option("--topology", "topology_spec", default=None, help="Topology preset or file.")
@@ -232,15 +324,17 @@ def plan(ctx: click.Context, model_path, topology_spec, nodes, chunk_size, time_
     """
     if ctx.invoked_subcommand is not None:
         return
-    if model_path is None or kwargs["output"] is None:
-        raise click.UsageError("give --model TRACE and -o DIR (or a planner subcommand)")
+    if model_path is None or (kwargs["output"] is None and kwargs["check_path"] is None):
+        raise click.UsageError("give --model TRACE and -o DIR (or --check DIR, or a planner subcommand)")
     from mlopt.formats.loaders import load_trace_any, resolve_topology
     from mlopt.planners.umbrella import plan_all
 
     trace_obj = load_trace_any(model_path)
     topology = resolve_topology(topology_spec, _topology_options(nodes, chunk_size, time_unit_us)) if topology_spec else None
-    index = plan_all(trace_obj, topology, _planner_options_from(kwargs), Path(kwargs["output"]),
-                     inputs={"model": model_path, "topology": topology_spec})
+    inputs = {"model": model_path, "topology": topology_spec}
+    if _check_or_write(ctx, "index", kwargs, inputs, _planner_options_from(kwargs)):
+        return
+    index = plan_all(trace_obj, topology, _planner_options_from(kwargs), Path(kwargs["output"]), inputs=inputs)
     if kwargs["as_json"]:
         _print_json(index)
         return
@@ -288,6 +382,8 @@ def plan_collective_cmd(ctx: click.Context, topology_spec, nodes, chunk_size, ti
     copts = CollectiveOptions(collective, parse_size(size_text), algorithm, instances, proto, xml_dialect, root)
     options = _planner_options_from(kwargs)
     inputs = {"topology": topology_spec, **{f"sketch{i}": p for i, p in enumerate(sketch_paths)}}
+    if _check_or_write(ctx, "collective", kwargs, inputs, options, vars(copts)):
+        return
     with _progress(ctx, f"planning {collective} on {topology.name}") as progress:
         result = plan_collective(topology, copts, options, inputs=inputs, sketches=sketches, progress=progress)
     xml_path, sidecar = write_collective_plan(result, kwargs["output"], copts, options)
@@ -342,6 +438,8 @@ def plan_threads_cmd(ctx: click.Context, model_path, nodes, contention_path, thr
     options = ThreadsOptions(nodes, algorithm, thread_set, max_groups, chunks, alpha_us, allreduce, default_threads)
     planner_options = _planner_options_from(kwargs)
     inputs = {"model": model_path, "contention": contention_path}
+    if _check_or_write(ctx, "threads", kwargs, inputs, planner_options, vars(options)):
+        return
     with _progress(ctx, f"planning threads for {model_path}"):
         plan = plan_to_files(load_trace_any(model_path), model_path, options, planner_options, kwargs["output"],
                              inputs, contention_path)
@@ -391,6 +489,9 @@ def plan_schedule_cmd(ctx: click.Context, model_path, topology_spec, nodes, chun
     if not any(op.role == "comm" or op.comm is not None for op in trace.ops):
         _say(ctx, f"{model_path}: the trace has no comm-ops: the plan is the trivial one (compute in issue order)")
     planner_options = _planner_options_from(kwargs)
+    if _check_or_write(ctx, "schedule", kwargs, {"model": model_path, "topology": topology_spec,
+                                                 "cost_table": cost_table}, planner_options, vars(options)):
+        return
     with _progress(ctx, f"planning the schedule of {model_path} on {topology.name}"):
         plan = plan_to_file(trace, model_path, topology, options, planner_options, kwargs["output"],
                             {"model": model_path, "topology": topology_spec})
@@ -433,6 +534,9 @@ def plan_memory_cmd(ctx: click.Context, model_path, budget_text, budget_ratio, o
     budget = parse_size(budget_text, "--budget") if budget_text else None
     options = _planner_options_from(kwargs)
     inputs = {"model": model_path, "ops": ops_path}
+    if _check_or_write(ctx, "memory", kwargs, inputs, options,
+                       MemoryOptions(algorithm, budget, budget_ratio).to_dict()):
+        return
     with _progress(ctx, f"planning memory for {model_path}") as progress:
         problem = build_problem(load_trace_any(model_path), profile, source=ops_path or model_path)
         for warning in problem.warnings:
@@ -748,10 +852,217 @@ def profile() -> None:
 
 
 # --- profile hardware (mlopt/profilers/hardware.py)
+@profile.command("hardware")
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
+              help="Topology to write (mlopt.topology JSON; the fit report is in its `source`).")
+@click.option("--transport", type=click.Choice(["auto", "threads", "processes", "tcp", "cuda"]), default="auto",
+              show_default=True,
+              help="auto: CUDA peer copies with 2+ GPUs, else threads; threads: the runtime's CPU ranks (what "
+                   "run-collective uses); processes: shared memory between processes; tcp: loopback TCP.")
+@click.option("--ranks", "ranks_text", default=None,
+              help="Ranks to profile (CPU: default 4, --quick 2; GPU: the first N GPUs, default all).")
+@click.option("--sizes", "sizes_text", default=None,
+              help="Chunk sizes s, e.g. 16KiB,64KiB,256KiB (CPU default; --quick 64KiB,256KiB; GPU default "
+                   "64KiB,1MiB,16MiB).")
+@click.option("--chunks", "chunks_text", default=None,
+              help="Chunk counts n, e.g. 1,2,4,8 (default; --quick 1,4).")
+@click.option("--repeats", "repeats_text", default=None,
+              help="Runs per experiment; the fit uses medians (CPU default 5, GPU 10, --quick 3).")
+@click.option("--quick", is_flag=True, help="Few ranks, sizes and repeats: seconds on a laptop (CI).")
+@click.option("--beta-tol", "beta_tol_text", default=None,
+              help="Relative beta difference that still joins two links into one class [default: 0.25].")
+@click.option("--plot", "plot_path", default=None, type=click.Path(dir_okay=False),
+              help="Measured vs fitted times per class (.png/.svg/.pdf) [default: OUTPUT with .fit.png].")
+@click.option("--no-plot", is_flag=True, help="Do not draw the plot.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary (classes, fit quality) as JSON.")
+@click.pass_context
+def profile_hardware_cmd(ctx: click.Context, output, transport, ranks_text, sizes_text, chunks_text, repeats_text,
+                         quick, beta_tol_text, plot_path, no_plot, as_json) -> None:
+    """Link alpha/beta per rank pair (TACCL's profiler) into an mlopt topology; docs/profile-hardware.md.
+
+    Per ordered pair: n chunks of s bytes one after another vs one chunk of n*s, repeated; alpha and beta by
+    least squares, links grouped into classes, fit quality (R^2, residuals) kept in the topology.
+    """
+    from mlopt.profilers import hardware as hw
+
+    def whole(text, option: str, minimum: int):
+        if text is None:
+            return None
+        try:
+            value = int(text)
+        except ValueError:
+            raise InputError(option, "$", f"{text!r} is not a whole number") from None
+        if value < minimum:
+            raise InputError(option, "$", f"{value} is below the minimum {minimum}")
+        return value
+
+    ranks = whole(ranks_text, "--ranks", 2)
+    repeats = whole(repeats_text, "--repeats", 1)
+    sizes = hw.parse_sizes(sizes_text) if sizes_text else None
+    chunks = hw.parse_int_list(chunks_text, "--chunks") if chunks_text else None
+    beta_tol = None
+    if beta_tol_text is not None:
+        try:
+            beta_tol = float(beta_tol_text)
+        except ValueError:
+            beta_tol = float("nan")
+        if not 0 < beta_tol < float("inf"):
+            raise InputError("--beta-tol", "$", f"{beta_tol_text!r} is not a positive number")
+    options = hw.ProfileOptions(transport=transport, ranks=ranks, sizes=sizes, chunks=chunks, repeats=repeats,
+                                quick=quick, **({"beta_tol": beta_tol} if beta_tol is not None else {}))
+    with _progress_bar(ctx, "profiling links") as progress:
+        result = hw.profile_hardware(options, progress)
+    from mlopt.formats.topology import save_topology
+
+    save_topology(result.topology, output)
+    plot = None if no_plot else (plot_path or str(hw.default_plot_path(output)))
+    if plot:
+        hw.plot_fit(result, plot)
+    summary = {**result.summary(), "file": output, "plot": plot, "elapsed_s": result.elapsed_s}
+    if as_json:
+        _print_json(summary)
+        return
+    for row in summary["classes"]:
+        r2 = "n/a" if row["r2"] is None else f"{row['r2']:.3f}"
+        gbps = "n/a" if row["bandwidth_GBps"] is None else f"{row['bandwidth_GBps']:.2f}"
+        _say(ctx, f"class {row['class']}: {row['links']} links, alpha {row['alpha_us']:.2f} us, beta "
+                  f"{row['beta_us_per_MB']:.1f} us/MB ({gbps} GB/s), R^2 {r2}{'' if row['ok'] else ' (flagged)'}")
+    for group in summary["pcie_switches"]:
+        _say(ctx, f"PCIe switch shared by ranks {', '.join(map(str, group))}")
+    for w in summary["warnings"]:
+        _say(ctx, f"mlopt: warning: {w}")
+    _say(ctx, f"{result.transport}: {summary['ranks']} ranks, {summary['links']} links in {len(summary['classes'])} "
+              f"classes ({result.elapsed_s:.1f} s); wrote {output}" + (f" and {plot}" if plot else ""))
+
 
 # --- profile operators (mlopt/profilers/operators.py)
+@profile.command("operators")
+@click.option("--model", "model_path", required=True,
+              help="Trace whose ops to measure (mlopt trace, or a PyTorch ET with shapes).")
+@click.option("-o", "--output", required=True, type=click.Path(), help="Profiled trace to write (mlopt.trace JSON).")
+@click.option("--ops-out", "ops_out", default=None, type=click.Path(),
+              help="Also write an mlopt-op-profile JSON (per op type factors) for `plan memory --ops` on other traces.")
+@click.option("--repeats", type=click.IntRange(min=3), default=None,
+              help="Timed runs per op and implementation; median and IQR [default: 10, 5 with --quick].")
+@click.option("--warmup", type=click.IntRange(min=1), default=None,
+              help="Untimed runs first [default: 2, 1 with --quick].")
+@click.option("--quick", is_flag=True, help="Few runs (CI): 5 timed after 1 warm-up.")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
+              help="Where to run the ops (auto: CUDA when present).")
+@click.option("--no-alternatives", "no_alternatives", is_flag=True,
+              help="Only the default implementations (no oneDNN/cuDNN variants merged into the trace).")
+@click.option("--threads", type=click.IntRange(min=1), default=None,
+              help="torch CPU threads while measuring [default: torch's]; 1 is steadier on a shared machine.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random operands.")
+@click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary on stdout.")
+@click.pass_context
+def profile_operators_cmd(ctx: click.Context, model_path, output, ops_out, repeats, warmup, quick, device,
+                          no_alternatives, threads, seed, as_json) -> None:
+    """Per op and implementation: compute time and workspace, merged into the trace for `plan memory`.
+
+    Rebuilds every forward and backward op of a known type from its tensors' shapes, times it with torch
+    (warm-up, then repeated runs: median and IQR) and measures its workspace; convolutions also with the
+    backend's alternatives (CPU: oneDNN off, channels-last; CUDA: cuDNN autotuned, deterministic, off).
+    """
+    from mlopt.formats.io import write_json
+    from mlopt.formats.loaders import load_trace_any
+    from mlopt.formats.trace import save_trace
+    from mlopt.profilers.operators import ProfileOptions, profile_operators
+
+    trace_obj = load_trace_any(model_path)
+    options = ProfileOptions(device=device, repeats=repeats, warmup=warmup, quick=quick,
+                             alternatives=not no_alternatives, seed=seed, threads=threads)
+    with _progress_bar(ctx, "profiling operators") as progress:
+        result = profile_operators(trace_obj, options, source=model_path, progress=progress)
+    save_trace(result.trace, output)
+    if ops_out:
+        write_json(ops_out, result.ops_profile)
+    summary = {"file": output, "ops_file": ops_out, **result.summary()}
+    if as_json:
+        _print_json(summary)
+        return
+    _print_operator_table(result, model_path)
+    kept = sum(n for names in result.kept.values() for n in names.values())
+    _say(ctx, f"{summary['profiled_ops']} ops measured ({summary['signatures']} distinct) on {result.device_name}, "
+              f"{result.repeats} runs each; {kept} kept their traced time; wrote {output}"
+              + (f" and {ops_out}" if ops_out else ""))
+
+
+def _print_operator_table(result, model_path: str) -> None:
+    from rich.table import Table
+
+    from mlopt.formats.show import stdout_console
+    from mlopt.formats.sizes import format_size
+
+    table = Table("op", "phase", "ops", "shapes", "median us", "IQR/median", "total us", "traced us", "workspace",
+                  "alternatives (time x default)", title=f"{model_path}: {result.device_name}")
+    for row in result.rows():
+        alternatives = ", ".join(f"{name} {factor:.2f}x" for name, factor in row["alternatives"].items())
+        table.add_row(row["op"], row["phase"], str(row["ops"]), str(row["signatures"]), f"{row['median_us']:.1f}",
+                      f"{row['spread'] * 100:.0f}%", f"{row['total_us']:.0f}", f"{row['traced_total_us']:.0f}",
+                      format_size(row["max_workspace_bytes"]) if row["max_workspace_bytes"] else "-", alternatives)
+    console = stdout_console()
+    console.print(table)
+    for name, check in result.catalog_checks.items():
+        console.print(f"catalog check {name}: measured {check['measured']} (catalog {check['catalog']}; "
+                      f"{check['meaning']}; {check['ops']} ops)")
+
 
 # --- profile contention (mlopt/profilers/contention.py)
+@profile.command("contention")
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
+              help="Samples to write (mlopt.contention-samples, with the fit in meta); `mlopt plan threads "
+                   "--contention` reads them.")
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
+              help="cpu: the runtime's CPU interpreter beside numpy matmul processes; cuda: NCCL beside a matmul "
+                   "stream (two GPUs or more).")
+@click.option("--ranks", type=int, default=None, help="All-reduce ranks (cpu: in-process, default 4; cuda: GPUs, "
+                                                       "default all).")
+@click.option("--threads", "threads_text", default=None,
+              help="Communication threads r, e.g. 1,2,4,8 (cpu: interpreter workers, default 1,2,4,8, --quick "
+                   "1,2,4; cuda: NCCL_NTHREADS x channels, default 128,...,4096).")
+@click.option("--sizes", "sizes_text", default=None,
+              help="All-reduce bytes per rank, e.g. 1MB,8MB (cpu: 1MiB,8MiB, --quick 1MiB,4MiB; cuda: 8MiB,64MiB).")
+@click.option("--repeats", type=int, default=None, help="Rounds per (r, size); samples are medians (default 5, "
+                                                         "--quick 3).")
+@click.option("--comm-runs", type=int, default=None, help="Timed all-reduces per phase and round (default 5).")
+@click.option("--compute-ms", type=float, default=None,
+              help="Length of the computation alone, ms (cpu default 100, --quick 30).")
+@click.option("--compute-workers", type=int, default=None,
+              help="cpu: processes running the matmuls, one core each (default: every core of this process).")
+@click.option("--quick", is_flag=True, help="Three thread counts, two sizes, three repeats: seconds (CI).")
+@click.option("--plot", "plot_path", default=None, type=click.Path(dir_okay=False),
+              help="Measured vs model per r (compute slowdown, all-reduce rates): .png, .svg or .pdf.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary (parameters, fit quality, medians) as JSON.")
+@click.pass_context
+def profile_contention_cmd(ctx: click.Context, output, device, ranks, threads_text, sizes_text, repeats, comm_runs,
+                           compute_ms, compute_workers, quick, plot_path, as_json) -> None:
+    """LIBRA's contention samples (computation beside an all-reduce, all-reduces beside computation and alone,
+    per thread count r) and their fit; -o samples.json. docs/profile-contention.md."""
+    from mlopt.profilers import contention as prof
+
+    config = prof.make_config(
+        device, quick, ranks=ranks, repeats=repeats, comm_runs=comm_runs, compute_ms=compute_ms,
+        compute_workers=compute_workers,
+        threads=prof.parse_threads(threads_text) if threads_text is not None else None,
+        sizes=prof.parse_sizes(sizes_text) if sizes_text is not None else None)
+    prof.check_plot_path(plot_path)
+    if device == "cuda":
+        problem = prof.cuda_problem(config.ranks)
+        if problem:
+            raise InputError("--device", "$", f"cuda: {problem}")
+    bar = (ctx.obj or {}).get("verbose", 1) >= 1 and sys.stderr.isatty()
+    with prof.progress_bar(bar, f"profiling contention ({device})") as (advance, set_total):
+        result = prof.profile(config, output, advance, set_total)
+    prof.write(result, output, plot_path)
+    if as_json:
+        _print_json({**result.summary(), "file": output, "plot": plot_path})
+    else:
+        for line in prof.summary_lines(result):
+            _say(ctx, line)
+        _say(ctx, f"wrote {output}" + (f" and {plot_path}" if plot_path else ""))
+    if result.fit is None:
+        raise prof.ProfileError(f"{output}: samples written, but the fit failed: {result.fit_error}")
 
 
 @cli.command("run-collective")
@@ -796,6 +1107,49 @@ def run_collective_cmd(xml_path: str, ranks, size_text, dtype, op, in_place, ite
     else:
         click.echo(report.summary())
     raise_for_mismatch(report)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# sweep
+
+# --- sweep (mlopt/sweep/)
+@cli.command("sweep")
+@click.argument("spec_path", metavar="SPEC.yaml")
+@click.option("-o", "--output", "out_dir", required=True, type=click.Path(file_okay=False),
+              help="Folder for the plans (DIR/GRID/NAME...), summary.csv, summary.md and plots.")
+@click.option("--executor", type=click.Choice(["local", "dask", "ray"]), default="local", show_default=True,
+              help="local: a process pool here; dask, ray: a cluster (extras mlopt[dask], mlopt[ray]).")
+@click.option("--address", default=None,
+              help="Cluster to submit to: tcp://scheduler:8786 (dask), ray://head:10001 (ray); default: start a "
+                   "local one on 127.0.0.1 with --workers workers.")
+@click.option("--workers", type=click.IntRange(min=1), default=None,
+              help="Worker processes of the local pool or local cluster (default: CPUs here).")
+@click.option("--resume", is_flag=True, help="Keep cells whose plan files exist and are complete.")
+@click.option("--cache", "cache_dir", type=click.Path(file_okay=False), default=None,
+              help="Plan cache folder (default: $MLOPT_CACHE, else ~/.cache/mlopt/plans).")
+@click.option("--no-cache", is_flag=True, help="Neither read nor fill the plan cache.")
+@click.option("--json", "as_json", is_flag=True, help="Print one summary row per cell as JSON.")
+@click.pass_context
+def sweep_cmd(ctx: click.Context, spec_path, out_dir, executor, address, workers, resume, cache_dir, no_cache,
+              as_json) -> None:
+    """Run a grid of `mlopt plan ...` invocations (docs/sweep.md); exit 0 when every cell has its plan, 1
+    when some failed (each failure is in the summary with its message), 2 for a bad spec."""
+    from mlopt.sweep import run_sweep
+    from mlopt.sweep.report import print_table
+
+    if cache_dir and no_cache:
+        raise click.UsageError("give --cache DIR or --no-cache, not both")
+    verbose = (ctx.obj or {}).get("verbose", 1)
+    result = run_sweep(spec_path, out_dir, executor=executor, address=address, workers=workers, resume=resume,
+                       cache_dir=cache_dir, use_cache=not no_cache, verbose=verbose,
+                       bar=verbose >= 1 and sys.stderr.isatty())
+    if as_json:
+        _print_json([{k: v for k, v in row.items() if k != "index"} for row in result.rows])
+    elif verbose >= 1:
+        print_table(result.rows, f"{spec_path}: {result.counts['plans']} of {len(result.rows)} cells have plans")
+    _say(ctx, f"wrote {result.summary_csv} and {result.summary_md}"
+              + (f" and {len(result.plots)} plots" if result.plots else ""))
+    result.raise_for_failures()
 
 
 # ---------------------------------------------------------------------------------------------------------

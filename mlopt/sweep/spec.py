@@ -1,0 +1,259 @@
+"""Sweep specs: a YAML (or JSON) grid of `mlopt plan ...` invocations -> cells.
+
+    planner: collective            # collective | memory | threads | schedule
+    name: ag                       # optional: the sub-folder of -o DIR (default: the planner)
+    options:                       # fixed options of every cell, named as on the command line
+      algorithm: ring
+    grid:                          # axes: lists; their cartesian product gives the cells
+      collective: [allgather, allreduce]
+      size: 1KiB..1GiB             # `size` of a collective grid also takes a range (x4 steps)
+      topology: [ndv2x2, dgx2x2]
+
+or several such grids under `grids: [...]`. Option values are checked with the command's own option types
+(choices, ranges) when the spec is loaded, so a typo exits 2 naming the spec and the field before any cell
+runs; what only the planner can judge (a sketch's content, an infeasible budget) fails that cell alone.
+Relative paths of file options (model, sketch, ops, contention, cost-table, and topology files) are
+resolved against the spec's folder and passed on as absolute paths.
+
+Each cell writes DIR/GRID/NAME.xml (collective) or DIR/GRID/NAME.plan.json, NAME being the cell's axis
+values joined by `-` in grid order (`allgather-1KiB-ndv2x2`), so names are stable for a spec.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import click
+
+from mlopt.errors import InputError
+from mlopt.sweep.cells import PLANNERS, REFUSED_OPTIONS, Cell
+
+GRID_KEYS = ("planner", "name", "options", "grid")
+_TOKEN_BAD = re.compile(r"[^A-Za-z0-9._+=-]+")
+_NAME_OK = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_STRIP_SUFFIXES = (".gz", ".json", ".yaml", ".yml", ".xml", ".csv")
+
+
+@dataclass(frozen=True)
+class Spec:
+    path: str
+    cells: tuple[Cell, ...]
+
+    @property
+    def planners(self) -> list[str]:
+        return sorted({c.planner for c in self.cells})
+
+
+def load_spec(path: str | Path) -> Spec:
+    """Read and check a sweep spec; InputError (exit 2) naming the spec and the field otherwise."""
+    from mlopt.formats.io import read_document
+
+    source = str(path)
+    doc = read_document(path)
+    if not isinstance(doc, dict):
+        raise InputError(source, "$", f"expected a mapping with `planner` and `grid` (or `grids`), "
+                                      f"found {type(doc).__name__}")
+    base = Path(path).resolve().parent
+    if "grids" in doc:
+        extra = sorted(set(doc) - {"grids", "description"})
+        if extra:
+            raise InputError(source, f"$.{extra[0]}", "unknown key beside `grids` (only `description` may be "
+                                                       "there; put planner, options and grid in each grid)")
+        grids = doc["grids"]
+        if not isinstance(grids, list) or not grids:
+            raise InputError(source, "$.grids", "expected a non-empty list of grids")
+        specs = [(g, f"$.grids[{i}]") for i, g in enumerate(grids)]
+    else:
+        specs = [({k: v for k, v in doc.items() if k != "description"}, "$")]
+    cells: list[Cell] = []
+    names: dict[str, str] = {}
+    for grid, field in specs:
+        if not isinstance(grid, dict):
+            raise InputError(source, field, f"expected a mapping, found {type(grid).__name__}")
+        new = _grid_cells(grid, field, source, base, len(cells))
+        name = new[0].grid
+        if name in names:
+            raise InputError(source, f"{field}.name", f"grid name {name!r} is also the name of {names[name]}: give "
+                                                      f"each grid its own `name` (its output sub-folder)")
+        names[name] = field
+        cells.extend(new)
+    return Spec(source, tuple(cells))
+
+
+def _options_of(planner: str) -> dict[str, click.Option]:
+    """Long option name (without --) -> the click option of `mlopt plan PLANNER`."""
+    from mlopt.cli import plan
+
+    command = plan.commands[planner]
+    out = {}
+    for param in command.params:
+        if isinstance(param, click.Option):
+            for opt in (*param.opts, *param.secondary_opts):
+                if opt.startswith("--"):
+                    out[opt[2:]] = param
+    return out
+
+
+def _grid_cells(grid: dict[str, Any], field: str, source: str, base: Path, first_index: int) -> list[Cell]:
+    unknown = sorted(set(grid) - set(GRID_KEYS))
+    if unknown:
+        raise InputError(source, f"{field}.{unknown[0]}", f"unknown key (a grid has {', '.join(GRID_KEYS)})")
+    planner = grid.get("planner")
+    if planner not in PLANNERS:
+        raise InputError(source, f"{field}.planner",
+                         f"{planner!r} is not a planner; expected one of {', '.join(PLANNERS)}")
+    name = grid.get("name", planner)
+    if not isinstance(name, str) or not _NAME_OK.match(name):
+        raise InputError(source, f"{field}.name", f"{name!r}: expected a folder name (letters, digits, . _ -)")
+    known = _options_of(planner)
+    kind = PLANNERS[planner]
+
+    def option(key: Any, where: str) -> tuple[str, click.Option]:
+        norm = str(key).lstrip("-").replace("_", "-")
+        if norm in REFUSED_OPTIONS:
+            raise InputError(source, where, f"--{norm} cannot be set in a sweep: {REFUSED_OPTIONS[norm]}")
+        if norm not in known:
+            usable = ", ".join(sorted(k for k in known if k not in REFUSED_OPTIONS))
+            raise InputError(source, where, f"`mlopt plan {planner}` has no option --{norm} (it has {usable})")
+        return norm, known[norm]
+
+    def resolve(norm: str, text: str) -> str:
+        p = Path(text).expanduser()
+        if p.is_absolute():
+            return str(p)
+        if norm in kind.path_options or (norm in kind.maybe_path_options and (base / p).exists()):
+            return str(base / p)
+        return text
+
+    def values(norm: str, param: click.Option, value: Any, where: str) -> tuple[list[str], str]:
+        """(argv fragment, file-name token) of one option value."""
+        if param.is_flag:
+            if not isinstance(value, bool):
+                raise InputError(source, where, f"--{norm} is a flag: expected true or false, found {value!r}")
+            return ([f"--{norm}"] if value else []), (norm if value else f"no-{norm}")
+        items = value if isinstance(value, list) and param.multiple else [value]
+        args, tokens = [], []
+        for k, item in enumerate(items):
+            here = f"{where}[{k}]" if items is value else where
+            if isinstance(item, (list, dict)):
+                what = "a list" if isinstance(item, list) else "a mapping"
+                hint = "; to sweep over values, list them under `grid:`" if isinstance(item, list) else ""
+                raise InputError(source, here, f"--{norm} takes one value, found {what}{hint}")
+            if isinstance(item, bool) or item is None:
+                raise InputError(source, here, f"--{norm} takes a value, found {item!r}")
+            text = str(item)
+            try:
+                param.type.convert(text, param, None)
+            except click.BadParameter as exc:
+                raise InputError(source, here, f"--{norm}: {exc.message}") from None
+            if norm in kind.path_options or norm in kind.maybe_path_options:
+                text = resolve(norm, text)
+            args += [f"--{norm}", text]
+            tokens.append(_token(str(item), norm in kind.path_options or Path(text).is_file()))
+        return args, "+".join(tokens)
+
+    options = grid.get("options") or {}
+    if not isinstance(options, dict):
+        raise InputError(source, f"{field}.options", f"expected a mapping of option: value, found "
+                                                     f"{type(options).__name__}")
+    axes = grid.get("grid") or {}
+    if not isinstance(axes, dict):
+        raise InputError(source, f"{field}.grid", f"expected a mapping of option: [values], found "
+                                                  f"{type(axes).__name__}")
+    fixed: list[str] = []
+    given: dict[str, str] = {}
+    record_wall_time = False
+    for key, value in options.items():
+        where = f"{field}.options.{key}"
+        norm, param = option(key, where)
+        if norm in given:
+            raise InputError(source, where, f"--{norm} is given twice (as {given[norm]})")
+        given[norm] = where
+        args, _ = values(norm, param, value, where)
+        fixed += args
+        record_wall_time |= norm == "record-wall-time" and value is True
+    axis_values: list[list[tuple[list[str], str, str, bool]]] = []  # per axis: (args, token, shown, rwt)
+    axis_names: list[str] = []
+    for key, value in axes.items():
+        where = f"{field}.grid.{key}"
+        norm, param = option(key, where)
+        if norm in given:
+            raise InputError(source, where, f"--{norm} is also given as {given[norm]}")
+        given[norm] = where
+        if planner == "collective" and norm == "size" and isinstance(value, str):
+            from mlopt.formats.sizes import format_size, parse_size_range
+
+            try:
+                value = [format_size(s) for s in parse_size_range(value, f"{source}: {where}")]
+            except InputError as exc:
+                raise InputError(source, where, exc.message) from None
+        if not isinstance(value, list) or not value:
+            raise InputError(source, where, f"expected a non-empty list of values of --{norm}, found {value!r}")
+        seen: dict[str, int] = {}
+        entries = []
+        for k, item in enumerate(value):
+            args, token = values(norm, param, item, f"{where}[{k}]")
+            key_text = repr(args)
+            if key_text in seen:
+                raise InputError(source, f"{where}[{k}]", f"{item!r} repeats {where}[{seen[key_text]}]")
+            seen[key_text] = k
+            shown = "+".join(str(x) for x in item) if isinstance(item, list) else str(item)
+            entries.append((args, token, shown, norm == "record-wall-time" and item is True))
+        axis_values.append(entries)
+        axis_names.append(norm)
+    missing = [f"--{n}" for n, p in known.items() if p.required and n not in given and n != "output"]
+    if missing:
+        raise InputError(source, field, f"`mlopt plan {planner}` needs {', '.join(missing)}: give it under "
+                                        f"`options:` (one value) or `grid:` (a list)")
+    cells = []
+    for k, combo in enumerate(itertools.product(*axis_values)):
+        args = list(fixed)
+        for entry in combo:
+            args += entry[0]
+        stem = "-".join(entry[1] for entry in combo) or name
+        cells.append(Cell(
+            index=first_index + k, grid=name, planner=planner,
+            axes=tuple((axis, entry[2]) for axis, entry in zip(axis_names, combo)),
+            args=tuple(args), output=f"{name}/{stem}{kind.suffix}",
+            record_wall_time=record_wall_time or any(entry[3] for entry in combo)))
+    return _unique_names(cells)
+
+
+def _token(text: str, is_path: bool) -> str:
+    """A file-name piece for one value: a path's file name without its extensions, else the text, with
+    characters other than letters, digits and . _ + = - replaced by _."""
+    if is_path:
+        text = Path(text).name
+        stripped = True
+        while stripped:
+            stripped = False
+            for suffix in _STRIP_SUFFIXES:
+                if text.lower().endswith(suffix) and len(text) > len(suffix):
+                    text, stripped = text[: -len(suffix)], True
+    token = _TOKEN_BAD.sub("_", text).lstrip(".")
+    return token or "_"
+
+
+def _unique_names(cells: list[Cell]) -> list[Cell]:
+    """Cells whose values spell the same file name (two sketches called sk.json in different folders) get
+    a short hash of their arguments appended, so every cell has its own files."""
+    count: dict[str, int] = {}
+    for cell in cells:
+        count[cell.output] = count.get(cell.output, 0) + 1
+    if all(n == 1 for n in count.values()):
+        return cells
+    out = []
+    suffix = PLANNERS[cells[0].planner].suffix
+    for cell in cells:
+        if count[cell.output] > 1:
+            digest = hashlib.sha256("\0".join(cell.args).encode()).hexdigest()[:8]
+            stem = cell.output[: -len(suffix)]
+            cell = Cell(cell.index, cell.grid, cell.planner, cell.axes, cell.args, f"{stem}-{digest}{suffix}",
+                        cell.record_wall_time)
+        out.append(cell)
+    return out
