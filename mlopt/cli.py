@@ -52,14 +52,14 @@ def _topology_options(nodes: int | None, chunk_size: str | None, time_unit_us: f
     return TopologyOptions(nodes, parse_size(chunk_size, "--chunk-size") if chunk_size else None, time_unit_us)
 
 
-def planner_options(func: Callable, output_required: bool = True) -> Callable:
-    """The knobs every planner shares, mirroring mlopt.planners.options.PlannerOptions one to one."""
+def _check_and_output_options(output_required: bool, what: str) -> list[Callable]:
+    """--check / --resolve / --strict-version (docs/plan-check.md) and -o, required unless --check."""
     def output_unless_check(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
         if value is None and output_required and ctx.params.get("check_path") is None:
             raise click.MissingParameter(ctx=ctx, param=param)  # -o is required unless --check (declared first)
         return value
 
-    decorators = [
+    return [
         click.option("--check", "check_path", type=click.Path(), default=None,
                      help="Do not plan: exit 0 if PLAN (made by this command) is current for these inputs and "
                           "options, 1 if stale (docs/plan-check.md)."),
@@ -67,7 +67,14 @@ def planner_options(func: Callable, output_required: bool = True) -> Callable:
                                                      "compare the bytes."),
         click.option("--strict-version", is_flag=True, help="With --check: another mlopt version is stale."),
         click.option("-o", "--output", type=click.Path(), callback=output_unless_check,
-                     help="Where to write the plan(s) (required unless --check)."),
+                     help=f"Where to write {what} (required unless --check)."),
+    ]
+
+
+def planner_options(func: Callable, output_required: bool = True) -> Callable:
+    """The knobs every planner shares, mirroring mlopt.planners.options.PlannerOptions one to one."""
+    decorators = [
+        *_check_and_output_options(output_required, "the plan(s)"),
         click.option("--solver", type=click.Choice(["auto", "highs", "cbc", "gurobi"]), default="auto",
                      show_default=True, help="MILP backend (auto: gurobi with a full licence, else highs)."),
         click.option("--time-limit", "time_limit_s", type=click.FloatRange(min=0, min_open=True), default=None,
@@ -89,20 +96,8 @@ def planner_options(func: Callable, output_required: bool = True) -> Callable:
 def solverless_planner_options(func: Callable) -> Callable:
     """The shared knobs of a planner without a MILP (its own algorithm is exact or heuristic): output, seed,
     wall time, JSON; the solver knobs stay at PlannerOptions' defaults."""
-    def output_unless_check(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
-        if value is None and ctx.params.get("check_path") is None:
-            raise click.MissingParameter(ctx=ctx, param=param)  # -o is required unless --check (declared first)
-        return value
-
     decorators = [
-        click.option("--check", "check_path", type=click.Path(), default=None,
-                     help="Do not plan: exit 0 if PLAN (made by this command) is current for these inputs and "
-                          "options, 1 if stale (docs/plan-check.md)."),
-        click.option("--resolve", is_flag=True, help="With --check: also re-plan into a temporary folder and "
-                                                     "compare the bytes."),
-        click.option("--strict-version", is_flag=True, help="With --check: another mlopt version is stale."),
-        click.option("-o", "--output", type=click.Path(), callback=output_unless_check,
-                     help="Where to write the plan (required unless --check)."),
+        *_check_and_output_options(True, "the plan"),
         click.option("--seed", type=int, default=0, show_default=True, help="Heuristic seed."),
         click.option("--record-wall-time", is_flag=True, help="Record the wall time in the plan (breaks byte-identity)."),
         click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary on stdout."),
