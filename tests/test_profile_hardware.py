@@ -426,3 +426,10 @@ def test_bad_input_exits_2_naming_the_option(run_cli, tmp_path, args, option):
     lines = r.err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"mlopt: error: {option}: ")
     assert not out.exists()
+
+
+def test_show_summarises_a_profiled_topology(run_cli, tmp_path):
+    out = tmp_path / "topo.json"
+    assert run_cli("profile", "hardware", "-o", out, "--quick", "--no-plot").code == 0
+    shown = run_cli("show", out)
+    assert shown.code == 0 and "fit={classes, links}" in shown.out and "'residual_us'" not in shown.out

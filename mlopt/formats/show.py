@@ -53,11 +53,23 @@ def _via(link) -> str:
     return link.switch or ""
 
 
+
+def _brief(value, limit: int = 80) -> str:
+    """A source value in one short line: nested records (e.g. a profiled topology's whole fit report, see
+    `mlopt profile hardware --json` for it) are summarised by their keys."""
+    if isinstance(value, dict):
+        text = "{" + ", ".join(map(str, value)) + "}"
+    elif isinstance(value, list):
+        text = f"[{len(value)} items]"
+    else:
+        text = str(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
 def topology_tables(topo: Topology, all_links: bool = False) -> list[Table]:
     head = Table(title=f"topology {topo.name}", show_header=False)
     head.add_row("ranks", str(topo.num_ranks))
     head.add_row("nodes", ", ".join(f"{n.name}: {n.ranks[0]}-{n.ranks[-1]}" for n in topo.nodes))
-    head.add_row("source", ", ".join(f"{k}={v}" for k, v in topo.source.items() if k != "description"))
+    head.add_row("source", ", ".join(f"{k}={_brief(v)}" for k, v in topo.source.items() if k != "description"))
     if "description" in topo.source:
         head.add_row("description", topo.source["description"])
     tables = [head]
