@@ -378,3 +378,57 @@ def test_window_grows_while_time_is_left_and_tiny_statistics_are_pinned():
     assert "phases" not in fixed.stats and fixed.stats["window"] == 8
     assert fixed.result.objective >= out.result.objective - 1e-9
     check_replays(problem, budget, fixed)
+
+
+def with_reusing_recomputation(problem: MemoryProblem) -> MemoryProblem:
+    """`problem` where every creator of intermediates also has a recomputation-only implementation that
+    reads them instead of producing them (as batch norm's "reuse-stats" reads its saved statistics)."""
+    from dataclasses import replace
+
+    creators = {node.intermediate_of for node in problem.nodes if node.intermediate_of is not None}
+    nodes = tuple(replace(node, forward=node.forward + (
+        ForwardImpl("reuse", node.forward[0].compute_us / 2, 0, reuses_intermediates=True),))
+        if node.index in creators else node for node in problem.nodes)
+    return replace(problem, nodes=nodes)
+
+
+REUSE_SEEDS = [s for s in range(12) if any(node.intermediate_of is not None for node in tiny_problem(s).nodes)][:4]
+
+
+@pytest.mark.parametrize("seed", REUSE_SEEDS)
+def test_recomputation_reusing_intermediates_equals_brute_force(seed):
+    problem = with_reusing_recomputation(tiny_problem(seed))
+    for budget in budgets(problem):
+        best = brute_force(problem, budget)
+        out = solve_memory_ilp(problem, budget, OPTS)
+        if best is None:
+            assert out.result.status is Status.INFEASIBLE, (seed, budget)
+            continue
+        assert out.result.objective == pytest.approx(best, abs=1e-9), (seed, budget)
+        check_replays(problem, budget, out)
+        assert all(f.impl != "reuse" for f in out.schedule.forward)
+
+
+def test_reusing_recomputation_by_hand():
+    """a -> bn (+ its statistics, an intermediate) -> b -> c (60 bytes, the loss). bn's backward reads a and
+    the statistics, b's reads bn's output. Storing both a and bn's output peaks at c's forward
+    (5 + 50 + 50 + 1 + 1 + 60 = 167), so at 130 one of them goes: recomputing a for bn's stage costs 5,
+    recomputing bn for b's stage 8, or 4 reusing the statistics (kept for bn's own backward anyway).
+    Forward 15 + backward 4 + 4 = 23; without the reusing implementation, 24."""
+    nodes = (
+        Node(0, 0, "a", 50, (), (ForwardImpl("default", 5.0),), (BackwardImpl("b", 1.0, 0, ()),)),
+        Node(1, 1, "bn", 50, (0,), (ForwardImpl("default", 8.0),
+                                    ForwardImpl("reuse", 4.0, 0, reuses_intermediates=True)),
+             (BackwardImpl("b", 1.0, 0, (0, 2)),)),
+        Node(2, 1, "bn.stats", 1, (1,), (ForwardImpl("default", 0.0),), intermediate_of=1),
+        Node(3, 3, "b", 1, (1,), (ForwardImpl("default", 1.0),), (BackwardImpl("b", 1.0, 0, (1,)),)),
+        Node(4, 4, "c", 60, (3,), (ForwardImpl("default", 1.0),), (BackwardImpl("b", 1.0, 0, ()),)),
+    )
+    problem = MemoryProblem("reuse", nodes, CONST, final_outputs=(4,))
+    out = solve_memory_ilp(problem, 130, OPTS)
+    assert out.result.status is Status.OPTIMAL and out.result.objective == pytest.approx(23.0)
+    check_replays(problem, 130, out)
+    stage3 = next(b for b in out.schedule.backward if b.node == 3)
+    assert stage3.recompute == ((1, "reuse"),)
+    assert solve_memory_ilp(problem, 130, OPTS, joint=False).result.objective == pytest.approx(24.0)
+    assert brute_force(problem, 130) == pytest.approx(23.0)

@@ -95,6 +95,26 @@ def test_every_profiled_op_has_a_median_and_spread(profiled, tiny_trace):
     assert {"relu_mask_time_factor", "bn_rebuild_time_factor"} <= set(summary["catalog_checks"])
 
 
+def test_catalog_checks_measure_bn_reuse_stats(profiled):
+    """The batch-norm recompute from saved statistics is timed against the training forward, per op, and
+    checked once per op against the training output."""
+    from mlopt.planners.memory import catalog
+
+    trace_path, _, summary = profiled
+    check = summary["catalog_checks"]["bn_reuse_stats_time_factor"]
+    assert check["measured"] > 0 and check["catalog"] == catalog.BN_REUSE_STATS_TIME_FACTOR
+    assert check["matches_training_output"] is True and isinstance(check["bit_identical"], bool)
+    assert set(check) >= {"measured", "catalog", "ops", "meaning"}
+    meta = _load(trace_path)["source"]["operator_profile"]
+    assert meta["catalog_checks"]["bn_reuse_stats_time_factor"] == check
+    bn = [m for m in meta["measurements"] if m["op"] == "aten::native_batch_norm"]
+    assert check["ops"] == sum(len(m["op_ids"]) for m in bn) > 0
+    for m in bn:
+        reuse = next(v for v in m["variants"] if v["name"] == catalog.BN_REUSE_STATS)
+        assert reuse["role"] == "check" and reuse["median_us"] > 0 and reuse["runs"] == 5
+        assert reuse["verified"]["matches_training_output"] is True
+
+
 def test_profiled_trace_loads_and_memory_plan_validates(run_cli, profiled, tmp_path):
     from mlopt.formats.trace import load_trace
 

@@ -18,9 +18,12 @@ torch = pytest.importorskip("torch")
 import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
-from mlopt.planners.memory.baselines import least_memory, sqrt_segments, store_all  # noqa: E402
+from mlopt.planners.memory.baselines import (least_memory, reuse_intermediates, sqrt_segments,  # noqa: E402
+                                              store_all)
+from mlopt.planners.memory.catalog import BN_REUSE_STATS  # noqa: E402
+from mlopt.planners.memory.schedule import ForwardStep, Schedule  # noqa: E402
 from mlopt.planners.memory.build import build_problem  # noqa: E402
-from mlopt.planners.memory.replay import replay  # noqa: E402
+from mlopt.planners.memory.replay import ScheduleError, replay  # noqa: E402
 from mlopt.runtime.torch import PlanMismatchError, apply_memory_plan, measure_step  # noqa: E402
 from mlopt.runtime.torch_models import resolve_model  # noqa: E402
 from mlopt.runtime.torch_trace import trace_model  # noqa: E402
@@ -162,6 +165,43 @@ def test_output_activated_batch_norm_rebuilds_its_input(resnet):
     assert executor.rebuilt_inputs == rebuilt
     assert not measure.fallbacks and not [note for note in measure.notes if "on demand" in note]
     assert measure.forward_end_bytes == pytest.approx(predicted.forward_end_bytes, rel=MEMORY_TOLERANCE)
+
+
+def test_batch_norm_recomputation_reuses_its_statistics(resnet):
+    """sqrt-segments' cut values plus every batch norm's saved mean/invstd (a few KB, kept until the
+    batch norm's own backward), the rest recomputed on demand: batch norms are recomputed in later stages
+    while their statistics are live, and converted those recomputations read them instead of running the
+    op (MONeT). (sqrt-segments itself recomputes the statistics with their batch norm at each segment's
+    start, where none is live: nothing to convert.)"""
+    from mlopt.planners.memory.baselines import schedule_from_stored
+
+    problem = resnet.problem
+    stats = {m for node in problem.nodes if any(f.name == BN_REUSE_STATS for f in node.forward)
+             for m in problem.intermediates_of(node.index)}
+    cuts = {f.node for f in sqrt_segments(problem).forward if f.store}
+    original = schedule_from_stored(problem, cuts | stats)
+    schedule = reuse_intermediates(problem, original)
+    reusing = sum(1 for stage in schedule.backward for _, name in stage.recompute if name == BN_REUSE_STATS)
+    assert reusing > 0, "batch norms are recomputed with their statistics live"
+    predicted = replay(problem, schedule)
+    assert predicted.compute_us < replay(problem, original).compute_us
+    executor, measure = run_planned(resnet, schedule, trace=resnet.trace)
+    report("sqrt-segment cuts + statistics, reusing them", problem, measure, predicted)
+    assert_same_step(resnet, measure)
+    assert executor.reused_statistics == reusing
+    assert not [f for f in measure.fallbacks if BN_REUSE_STATS in f]
+    assert not [note for note in measure.notes if BN_REUSE_STATS in note or "on demand" in note]
+    assert measure.forward_end_bytes == pytest.approx(predicted.forward_end_bytes, rel=MEMORY_TOLERANCE)
+    assert measure.peak_bytes == pytest.approx(predicted.peak_bytes - problem.constant_bytes, rel=MEMORY_TOLERANCE)
+
+
+def test_reused_statistics_are_for_recomputation_only(resnet):
+    problem = resnet.problem
+    schedule = store_all(problem)
+    bn = next(n.index for n in problem.nodes if any(f.name == BN_REUSE_STATS for f in n.forward))
+    forward = tuple(ForwardStep(f.node, BN_REUSE_STATS, f.store) if f.node == bn else f for f in schedule.forward)
+    with pytest.raises(ScheduleError, match="recomputation only"):
+        replay(problem, Schedule(forward, schedule.backward))
 
 
 def test_executor_is_reusable_across_steps(resnet):

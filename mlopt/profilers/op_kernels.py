@@ -23,7 +23,7 @@ import contextlib
 import math
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Callable, ContextManager, Iterator, Sequence
+from typing import Any, Callable, ContextManager, Iterator, Sequence, TypeVar
 
 import torch
 
@@ -39,6 +39,8 @@ BN_MOMENTUM = 0.1
 DEFAULT = "default"
 ALTERNATIVE = "alternative"  # merged into the trace as an implementation
 CHECK = "check"  # measured and recorded only
+
+_T = TypeVar("_T")
 
 
 class NotRebuilt(Exception):
@@ -56,6 +58,9 @@ class Variant:
     role: str  # DEFAULT, ALTERNATIVE or CHECK
     make: Callable[[], Callable[[], Any]]  # allocates the operands; returns the call to time
     context: Callable[[], ContextManager[Any]] = contextlib.nullcontext  # backend flags around make and runs
+    # A one-off correctness check of the variant, run once after its warm-up: named booleans, recorded with
+    # its measurement (e.g. the batch norm's reuse-stats recompute against the training output).
+    verify: Callable[[], dict[str, bool]] | None = None
 
 
 @dataclass(frozen=True)
@@ -128,8 +133,8 @@ def make_tensor(shape: Sequence[int], dtype: str, device: torch.device, *, low: 
     return torch.randint(int(low), max(int(low) + 1, high), shape, dtype=td, device=device)
 
 
-def _seeded(make: Callable[[], Callable[[], Any]], seed: int = 0) -> Callable[[], Callable[[], Any]]:
-    def wrapped() -> Callable[[], Any]:
+def _seeded(make: Callable[[], _T], seed: int = 0) -> Callable[[], _T]:
+    def wrapped() -> _T:
         torch.manual_seed(seed)
         return make()
     return wrapped
@@ -428,17 +433,53 @@ def _native_batch_norm(ot: OpTensors, ctx: _Ctx, alternatives: bool) -> Bench:
     device = ctx.device
     ctx.note(f"training={training}, momentum {BN_MOMENTUM}, eps {BN_EPS} (assumed; they do not change the cost)")
 
-    def make() -> Callable[[], Any]:
+    shape_c = [1, -1] + [1] * (len(x.shape) - 2)
+
+    def operands() -> tuple[torch.Tensor, ...]:
         xt = make_tensor(x.shape, x.dtype, device)
         wt = make_tensor((channels,), weight.dtype, device, positive=True) if weight is not None else None
         bt = make_tensor((channels,), bias.dtype, device) if bias is not None else None
         mt = make_tensor((channels,), rm.dtype, device) if rm is not None else None
         vt = make_tensor((channels,), rv.dtype, device, positive=True) if rv is not None else None
-        return lambda: torch.ops.aten.native_batch_norm(xt, wt, bt, mt, vt, training, BN_MOMENTUM, BN_EPS)
+        return xt, wt, bt, mt, vt
 
+    def forward(o: tuple[torch.Tensor, ...]) -> Any:
+        return torch.ops.aten.native_batch_norm(*o, training, BN_MOMENTUM, BN_EPS)
+
+    def make() -> Callable[[], Any]:
+        o = operands()
+        return lambda: forward(o)
+
+    def reuse_stats_setup() -> tuple[torch.Tensor, Callable[[], torch.Tensor], torch.Tensor]:
+        # The catalog's "reuse-stats" recompute (MONeT 4.4): the output from the saved mean/invstd of a
+        # training forward, y = x * scale + shift with scale = invstd * gamma, shift = beta - mean * scale.
+        o = operands()
+        xt, wt, bt = o[:3]
+        y, mean, invstd = forward(o)[:3]
+
+        def run() -> torch.Tensor:
+            scale = invstd if wt is None else invstd * wt
+            shift = -mean * scale if bt is None else bt - mean * scale
+            return torch.addcmul(shift.view(shape_c).to(xt.dtype), xt, scale.view(shape_c).to(xt.dtype))
+        return xt, run, y
+
+    def make_reuse_stats() -> Callable[[], Any]:
+        return reuse_stats_setup()[1]
+
+    def verify_reuse_stats() -> dict[str, bool]:
+        xt, run, y = reuse_stats_setup()
+        recomputed = run()
+        tolerance = 1e-5 if xt.dtype in (torch.float32, torch.float64) else 1e-2
+        return {"matches_training_output": bool(torch.allclose(recomputed, y, rtol=tolerance, atol=tolerance)),
+                "bit_identical": bool(torch.equal(recomputed, y))}
+
+    variants = _single(make, ctx)
+    if training:
+        variants += (Variant("reuse-stats", CHECK, _seeded(make_reuse_stats), _default_context(device),
+                             _seeded(verify_reuse_stats)),)
     signature = (f"aten::native_batch_norm x={_shape_text(x.shape)} affine={weight is not None} "
                  f"running_stats={rm is not None} training={training} {x.dtype}")
-    return Bench(signature, _single(make, ctx), numel(x), tuple(ctx.notes))
+    return Bench(signature, variants, numel(x), tuple(ctx.notes))
 
 
 def _native_batch_norm_backward(ot: OpTensors, ctx: _Ctx, alternatives: bool) -> Bench:

@@ -27,8 +27,10 @@ does that for a recorded trace, on the device torch has here:
 Catalog checks: the catalog models some alternatives from the default's measured time (an out-of-place
 ReLU as fast as the in-place one; the sign mask at MASK_TIME_FACTOR of the ReLU; the intermediate-activated
 ReLU backward as fast as the default; the batch-norm input rebuild at BN_REBUILD_TIME_FACTOR of the
-backward and |x| bytes of workspace). Those names are the catalog's, so they cannot come from the trace or
-a profile; they are measured here and reported next to the catalog's constants.
+backward and |x| bytes of workspace; the batch-norm recompute from saved statistics, "reuse-stats", at
+BN_REUSE_STATS_TIME_FACTOR of the training forward, also checked once per op against the training output).
+Those names are the catalog's, so they cannot come from the trace or a profile; they are measured here and
+reported next to the catalog's constants.
 """
 
 from __future__ import annotations
@@ -112,9 +114,13 @@ class VariantResult:
     role: str  # default | alternative | check
     stats: Stats
     workspace_bytes: int | None  # None: not measured
+    verified: dict[str, bool] | None = None  # the variant's one-off correctness check (Variant.verify), if any
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "role": self.role, **self.stats.to_dict(), "workspace_bytes": self.workspace_bytes}
+        out = {"name": self.name, "role": self.role, **self.stats.to_dict(), "workspace_bytes": self.workspace_bytes}
+        if self.verified is not None:
+            out["verified"] = self.verified
+        return out
 
 
 @dataclass
@@ -360,6 +366,7 @@ def measure(bench: Any, device: Any, warmup: int, repeats: int) -> tuple[list[Va
 
     torch = _torch()
     ready: list[tuple[Any, Callable[[], Any]]] = []
+    verified: list[dict[str, bool] | None] = []
     dropped: list[str] = []
     for n, variant in enumerate(bench.variants):
         try:
@@ -376,6 +383,7 @@ def measure(bench: Any, device: Any, warmup: int, repeats: int) -> tuple[list[Va
                 del first
                 for _ in range(warmup - 1):
                     fn()
+                checked = variant.verify() if variant.verify is not None else None
                 _sync(device)
         except op_kernels.NotRebuilt:
             raise
@@ -385,6 +393,7 @@ def measure(bench: Any, device: Any, warmup: int, repeats: int) -> tuple[list[Va
             dropped.append(f"{variant.name}: {_first_line(error)}")
             continue
         ready.append((variant, fn))
+        verified.append(checked)
     samples: list[list[float]] = [[] for _ in ready]
     for _ in range(repeats):
         for k, (variant, fn) in enumerate(ready):
@@ -392,8 +401,8 @@ def measure(bench: Any, device: Any, warmup: int, repeats: int) -> tuple[list[Va
                 samples[k].append(_timed_run(fn, device))
     with torch.no_grad():
         workspaces = _workspace_cuda(ready, device) if device.type == "cuda" else _workspace_cpu(ready)
-    results = [VariantResult(variant.name, variant.role, Stats(tuple(times)), ws)
-               for (variant, _), times, ws in zip(ready, samples, workspaces)]
+    results = [VariantResult(variant.name, variant.role, Stats(tuple(times)), ws, checked)
+               for (variant, _), times, ws, checked in zip(ready, samples, workspaces, verified)]
     return results, dropped
 
 
@@ -575,6 +584,10 @@ def catalog_checks(results: list[SignatureResult]) -> dict[str, Any]:
         value = num / den - (1.0 if minus_one else 0.0)
         return round(value, 4), count
 
+    def all_verified(op_name: str, variant: str, key: str) -> bool:
+        found = [r.variant(variant).verified for r in results if r.op_name == op_name and r.variant(variant)]
+        return bool(found) and all(v is not None and v.get(key, False) for v in found)
+
     def extra_workspace(op_name: str, variant: str) -> int:
         return max(((r.variant(variant).workspace_bytes or 0) - (r.default.workspace_bytes or 0)
                     for r in results if r.op_name == op_name and r.variant(variant) is not None), default=0)
@@ -605,6 +618,15 @@ def catalog_checks(results: list[SignatureResult]) -> dict[str, Any]:
             "meaning": "(rebuild + backward) / backward - 1, the extra time of the output-activated batch-norm "
                        "backward (the catalog charges |x| bytes more workspace)",
             "extra_workspace_bytes_max": extra_workspace("aten::native_batch_norm_backward", "output-activated")}
+    value, n = ratio({"aten::native_batch_norm"}, catalog.BN_REUSE_STATS)
+    if n:
+        checks["bn_reuse_stats_time_factor"] = {
+            "measured": value, "catalog": catalog.BN_REUSE_STATS_TIME_FACTOR, "ops": n,
+            "meaning": "recompute from the saved mean/invstd (scale = invstd * gamma, shift = beta - mean * scale, "
+                       "one addcmul over |x|) / training batch-norm forward",
+            "matches_training_output": all_verified("aten::native_batch_norm", catalog.BN_REUSE_STATS,
+                                                    "matches_training_output"),
+            "bit_identical": all_verified("aten::native_batch_norm", catalog.BN_REUSE_STATS, "bit_identical")}
     return checks
 
 

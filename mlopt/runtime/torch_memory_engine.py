@@ -40,6 +40,11 @@ after an op read them are snapshotted for it. Random ops (tagged nondeterministi
 native_dropout, ...) that the plan recomputes keep the CPU (and CUDA) RNG state taken just before they
 ran and are recomputed under it, then the RNG is put back (torch.utils.checkpoint's preserve_rng_state):
 identical dropout masks, for 5056 bytes of retained state per such op on CPU.
+* A batch norm recomputed with "reuse-stats" (`reuses_intermediates`) is not dispatched again: y =
+  x * scale + shift per channel, scale = gamma * invstd, shift = beta - mean * scale, from its live input
+  and its live saved mean/invstd (read, not produced: the stage keeps them until it has run), no running
+  statistics updated; the CPU training kernel's fused multiply-adds, so the same output bits. Statistics
+  not live (a plan that does not match the problem): the recorded op runs, and a note says so.
 """
 
 from __future__ import annotations
@@ -326,6 +331,7 @@ class PlanExecutor:
         self._entry_before: dict[int, tuple[int, _Geometry]] = {}
         self.mask_unpacks = 0  # saved ReLU results served from a sign mask, last step
         self.rebuilt_inputs = 0  # saved batch-norm inputs served rebuilt from the output, last step
+        self.reused_statistics = 0  # batch norms recomputed from their saved mean/invstd, last step
         self._static_fallbacks()
 
     # -------------------------------------------------------------------------------------- checks
@@ -422,6 +428,7 @@ class PlanExecutor:
         self.recomputed = []
         self.mask_unpacks = 0
         self.rebuilt_inputs = 0
+        self.reused_statistics = 0
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         self._hooks.__enter__()
         self._mode = _ForwardMode(self)
@@ -737,8 +744,8 @@ class PlanExecutor:
         keep = set(stage.keep)
         recomputed = {i for i, _ in stage.recompute}
         last_read: dict[int, int] = {}
-        for position, (i, _) in enumerate(stage.recompute):
-            for j in self.nodes[i].inputs:
+        for position, (i, name) in enumerate(stage.recompute):
+            for j in self._recompute_reads(i, name):
                 last_read[j] = position
 
         def retain(position: int) -> None:
@@ -751,6 +758,14 @@ class PlanExecutor:
         for position, (i, name) in enumerate(stage.recompute):
             self._recompute(i, name, k)
             retain(position)
+
+    def _recompute_reads(self, i: int, name: str) -> tuple[int, ...]:
+        """What recomputing node i with implementation `name` reads (replay.py's rule): its inputs, and its
+        intermediates (batch norm's saved mean/invstd) when the implementation reuses them."""
+        impl = self._forward_impl(self.nodes[i], name)
+        if impl is None or not impl.reuses_intermediates:
+            return self.nodes[i].inputs
+        return (*self.nodes[i].inputs, *self.problem.intermediates_of(i))
 
     def _finish(self, k: int) -> None:
         step = self._step
@@ -796,6 +811,10 @@ class PlanExecutor:
             step.produced.add(i)
             return
         impl = self._forward_impl(node, impl_name) if impl_name is not None else None
+        if impl is not None and impl.reuses_intermediates and node.name in BATCH_NORM_OPS:
+            if self._reuse_statistics(i, k):
+                return
+            impl = None  # the statistics are not live: the recorded op (a note says so)
         default = node.forward[0]
         if impl is not None and impl.name != default.name and impl.inplace == default.inplace:
             self._say("fallback", f"node {i} ({node.name}): recompute '{impl.name}' has no PyTorch counterpart on "
@@ -809,20 +828,52 @@ class PlanExecutor:
                 step.live[s] = values[s]
                 step.produced.add(s)
 
+    def _reuse_statistics(self, i: int, k: int) -> bool:
+        """Recompute batch norm i ("reuse-stats") as y = x * scale + shift per channel (dim 1), scale =
+        gamma * invstd, shift = beta - mean * scale, from its live input and its live saved mean/invstd,
+        which it reads and does not produce; no running statistics updated. False when they are not live."""
+        step = self._step
+        stats = self.sides.get(i, [])[:2]
+        missing = [s for s in stats if s not in step.live]
+        if len(stats) < 2 or missing:
+            self._say("note", f"node {i} ({self.nodes[i].name}): recompute 'reuse-stats' found its saved statistics "
+                      f"(nodes {stats}) not live; ran the recorded op")
+            return False
+        record = step.records[i]
+        args, _ = tree_unflatten(list(record.leaves), record.spec)
+        x, weight, bias = (self._argument_value(a, k) for a in args[:3])
+        mean, invstd = (step.live[s] for s in stats)
+        shape = [1, -1] + [1] * (x.dim() - 2)
+        with torch.no_grad():
+            scale = invstd if weight is None else invstd * weight
+            # One rounding for beta - mean * scale, as the CPU kernel's contracted arithmetic: the same bits.
+            shift = -mean * scale if bias is None else torch.addcmul(bias, mean, scale, value=-1)
+            y = torch.addcmul(shift.view(shape).to(x.dtype), x, scale.view(shape).to(x.dtype))
+        geometry = record.values[i][1]
+        if tuple(y.shape) != geometry.size or y.dtype != geometry.dtype:
+            raise RuntimeError(f"recomputing node {i} ({self.nodes[i].name}) from its statistics gave "
+                               f"{tuple(y.shape)} {y.dtype}, the forward gave {geometry.size} {geometry.dtype}")
+        step.live[i] = y
+        step.produced.add(i)
+        self.reused_statistics += 1
+        return True
+
+    def _argument_value(self, leaf: Any, k: int) -> Any:
+        """A recorded argument made concrete: a live value (with the recorded view geometry), a constant
+        (a fresh clone where the op overwrites it), or the plain Python value."""
+        if isinstance(leaf, _ValueRef):
+            return _view(self._value(leaf.node, k), self._recorded(leaf.node), leaf.geometry)
+        if isinstance(leaf, _ConstRef):
+            return leaf.tensor.clone() if leaf.fresh_clone else leaf.tensor
+        return leaf
+
     def _run(self, i: int, impl: ForwardImpl | None, k: int, inplace: bool) -> dict[int, torch.Tensor]:
         """Run main node i's recorded op again on live values; its values by node."""
         step = self._step
         record = step.records[i]
         node = self.nodes[i]
         func = record.func
-        leaves: list[Any] = []
-        for leaf in record.leaves:
-            if isinstance(leaf, _ValueRef):
-                leaves.append(_view(self._value(leaf.node, k), self._recorded(leaf.node), leaf.geometry))
-            elif isinstance(leaf, _ConstRef):
-                leaves.append(leaf.tensor.clone() if leaf.fresh_clone else leaf.tensor)
-            else:
-                leaves.append(leaf)
+        leaves = [self._argument_value(leaf, k) for leaf in record.leaves]
         consumed: int | None = None
         whole: dict[int, torch.Tensor] = {}  # value node -> the whole tensor a partial in-place op wrote into
         if record.written_values:  # the model's op is in place
@@ -881,10 +932,9 @@ class PlanExecutor:
         step = self._step
         stage = self.stage[k]
         impl = self._backward_impl(k)
-        later = [r for r, _ in stage.recompute if r > i]
         return (j in step.live and j not in stage.keep and j not in self.finals
                 and (impl is None or j not in impl.deps)
-                and not any(j in self.nodes[r].inputs for r in later))
+                and not any(j in self._recompute_reads(r, name) for r, name in stage.recompute if r > i))
 
 
 def _functional_variant(func: Any) -> Any:

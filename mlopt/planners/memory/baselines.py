@@ -70,8 +70,9 @@ def _impls_arg(problem: MemoryProblem, impls: dict | None) -> tuple[dict[int, st
 def lean_impls(problem: MemoryProblem, absolute: bool = False) -> dict[str, dict[int, str]]:
     """Memory-lean choices: forward by (workspace + new output bytes, time); backward by (workspace +
     bytes of its deps, time), counting only deps no other stage's default needs unless `absolute`."""
-    forward = {node.index: min(node.forward, key=lambda f: (f.workspace_bytes + (0 if f.inplace else node.out_bytes),
-                                                            f.compute_us)).name
+    forward = {node.index: min((f for f in node.forward if not f.reuses_intermediates),
+                               key=lambda f: (f.workspace_bytes + (0 if f.inplace else node.out_bytes),
+                                              f.compute_us)).name
                for node in problem.nodes}
     _, default_backward = default_impls(problem)
     default_deps = _deps(problem, default_backward)
@@ -212,6 +213,28 @@ def schedule_from_stored(problem: MemoryProblem, stored: set[int], impls: dict |
     # Recomputations start from the requested implementations: their in-place legality is per stage.
     bstages = _backward_stages(problem, forward, backward, stored, keep_recomputed, extra_targets)
     return Schedule(fsteps, bstages)
+
+
+def reuse_intermediates(problem: MemoryProblem, schedule: Schedule) -> Schedule:
+    """`schedule` with every recomputation that can reuse its node's intermediates doing so: where all of
+    them entered the stage (e.g. batch norm's saved statistics, kept for its own backward), the node is
+    recomputed with its reusing implementation and the redundant recomputations of those intermediates
+    go. Never more memory or time: the reusing implementation is cheaper and allocates only the output."""
+    reusing = {node.index: next(f.name for f in node.forward if f.reuses_intermediates)
+               for node in problem.nodes if any(f.reuses_intermediates for f in node.forward)}
+    if not reusing:
+        return schedule
+    entering = {f.node for f in schedule.forward if f.store} | set(problem.final_outputs)
+    stages = []
+    for stage in schedule.backward:
+        swapped = {i for i, _ in stage.recompute
+                   if i in reusing and set(problem.intermediates_of(i)) <= entering}
+        dropped = {m for i in swapped for m in problem.intermediates_of(i)}
+        recompute = tuple((i, reusing[i] if i in swapped else name) for i, name in stage.recompute
+                          if i not in dropped)
+        stages.append(BackwardStage(stage.node, stage.impl, recompute, stage.keep))
+        entering = set(stage.keep)
+    return Schedule(schedule.forward, tuple(stages))
 
 
 def unstorable(problem: MemoryProblem) -> set[int]:

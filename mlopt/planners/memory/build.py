@@ -328,6 +328,7 @@ def build_problem(trace: ModelTrace, profile: dict | None = None, source: str = 
     stages = _stages(backward_ops, stage_of, fwd.producer_at_end)
     y_bytes, grad_live, early_grads = _gradient_memory(trace, tensors, stage_of, n)
     intermediates = {d.index for d in drafts if d.intermediate_of is not None}
+    with_sides = {d.intermediate_of for d in drafts if d.role == "side"}
 
     warnings: list[str] = []
     unknown: dict[str, int] = {}
@@ -344,7 +345,8 @@ def build_problem(trace: ModelTrace, profile: dict | None = None, source: str = 
                            for n_impl, impl in enumerate(d.op.implementations))
             legal = d.inplace_input is None and _inplace_legal(d, users, finals)
             forward = catalog.forward_impls(d.name, traced, inplace_legal=legal, out_bytes=d.out_bytes,
-                                            profile=ops_profile.get(d.name))
+                                            profile=ops_profile.get(d.name),
+                                            has_intermediates=d.index in with_sides)
             inplace_input = d.inplace_input
             if inplace_input is None and any(f.inplace for f in forward):
                 inplace_input = d.inputs[0]

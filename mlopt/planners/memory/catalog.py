@@ -19,6 +19,11 @@ alternatives PyTorch on CPU really has, with the measured time as their estimate
   Its time is the traced backward's x (1 + BN_REBUILD_TIME_FACTOR). Our runtime serves autograd the
   rebuilt input (mlopt.runtime.torch_memory_engine); gamma = 0 channels cannot be rebuilt, which
   the runtime detects and reports.
+  Recomputation also has "reuse-stats" (MONeT 4.4: "we also reuse BatchNorm statistics in case of their
+  recomputation"): y = x * (gamma * invstd) + (beta - mean * gamma * invstd) from the saved mean/invstd,
+  one elementwise pass instead of the statistics' reductions, equal to the training output up to float
+  rounding (identical on ResNet-50's shapes on this CPU). It reads the kept mean/invstd nodes and does not produce them, and the forward pass cannot use it.
+  Charged at BN_REUSE_STATS_TIME_FACTOR x the traced forward.
 * aten::convolution, aten::max_pool2d_with_indices (input + indices) and the other TRACED_ONLY_OPS:
   as traced. CPU PyTorch has one kernel for each and fixed saved tensors.
 * anything else (unknown): as traced (the conservative default), and the problem warns, naming it.
@@ -59,6 +64,11 @@ BATCH_NORM_OPS = frozenset({"aten::native_batch_norm"})
 # Rebuilding a batch norm's input from its output (one addcmul over |x|) costs 0.3-1.0 x the traced
 # batch-norm backward on this 2-core CPU (ResNet-50 shapes, batch 32): the upper end is charged.
 BN_REBUILD_TIME_FACTOR = 1.0
+# Recomputing a batch norm from its saved statistics (scale/shift from mean, invstd, gamma, beta, then one
+# addcmul over |x|) measured 0.22-0.68 x the training forward on this 2-core CPU over ResNet-50's 53 batch
+# norms at batch 32 (0.49 time-weighted; large memory-bound tensors at the top): the upper end is charged.
+BN_REUSE_STATS_TIME_FACTOR = 0.7
+BN_REUSE_STATS = "reuse-stats"
 # Ops whose traced behaviour is all CPU PyTorch offers (one kernel, fixed saved tensors).
 TRACED_ONLY_OPS = frozenset({
     "aten::convolution", "aten::max_pool2d_with_indices",
@@ -170,7 +180,9 @@ def parse_profile(doc: Any, source: str = "<ops profile>") -> dict[str, OpProfil
 def _reserved_names(op_name: str, phase: str) -> set[str]:
     """Names the catalog itself gives this op type's implementations."""
     if phase == "forward":
-        return {"default", "inplace", "outofplace"} if op_name in RELU_OPS | THRESHOLD_OPS else {"default"}
+        if op_name in RELU_OPS | THRESHOLD_OPS:
+            return {"default", "inplace", "outofplace"}
+        return {"default", BN_REUSE_STATS} if op_name in BATCH_NORM_OPS else {"default"}
     if op_name in RELU_OPS:
         return {"default", "output-activated", "intermediate-activated"}
     return {"default", "output-activated"} if op_name in BATCH_NORM_OPS else {"default"}
@@ -180,9 +192,10 @@ def _reserved_names(op_name: str, phase: str) -> set[str]:
 
 
 def forward_impls(op_name: str, traced: tuple[ForwardImpl, ...], *, inplace_legal: bool, out_bytes: int,
-                  profile: OpProfile | None = None) -> tuple[ForwardImpl, ...]:
+                  profile: OpProfile | None = None, has_intermediates: bool = False) -> tuple[ForwardImpl, ...]:
     """J_i for one forward op: `traced` are its trace implementations ([0] measured, with the traced
-    in-place flag); `inplace_legal` says whether an in-place variant of an out-of-place op may be added."""
+    in-place flag); `inplace_legal` says whether an in-place variant of an out-of-place op may be added;
+    `has_intermediates` whether the node has intermediate nodes (batch norm's saved mean/invstd)."""
     default = traced[0]
     impls = list(traced)
     if op_name in RELU_OPS | THRESHOLD_OPS:
@@ -196,6 +209,9 @@ def forward_impls(op_name: str, traced: tuple[ForwardImpl, ...], *, inplace_lega
     for p in (profile.forward if profile else ()):
         impls.append(ForwardImpl(p.name, default.compute_us * p.time_factor,
                                  int(round(p.workspace_per_output_byte * out_bytes)), default.inplace))
+    if op_name in BATCH_NORM_OPS and has_intermediates and not default.inplace:
+        impls.append(ForwardImpl(BN_REUSE_STATS, default.compute_us * BN_REUSE_STATS_TIME_FACTOR, 0, False,
+                                 reuses_intermediates=True))
     return tuple(impls)
 
 
@@ -239,7 +255,7 @@ def _dominated(a: tuple[float, int], b: tuple[float, int], b_first: bool) -> boo
 def drop_dominated_forward(impls: tuple[ForwardImpl, ...]) -> tuple[tuple[ForwardImpl, ...], int]:
     kept = [impls[0]] + [
         a for n, a in enumerate(impls) if n and not any(
-            m != n and b.inplace == a.inplace and _dominated((a.compute_us, a.workspace_bytes),
+            m != n and (b.inplace, b.reuses_intermediates) == (a.inplace, a.reuses_intermediates) and _dominated((a.compute_us, a.workspace_bytes),
                                                              (b.compute_us, b.workspace_bytes), m < n)
             for m, b in enumerate(impls))
     ]

@@ -374,7 +374,8 @@ class _Builder:
         for i, node in enumerate(nodes):
             self.ctx = f"i={i}"
             run = self.sN[i] if self.dead[i] else ONE
-            legal = [l for l in self.fimpl[i] if self.fwd_inplace_ok.get((i, l), True)]
+            legal = [l for l in self.fimpl[i] if self.fwd_inplace_ok.get((i, l), True)
+                     and not node.forward[l].reuses_intermediates]  # reuse: recomputation only
             bits: dict[int, int] = {}
             if run == ZERO or not legal:
                 bits = {l: ZERO for l in self.fimpl[i]}
@@ -544,7 +545,9 @@ class _Builder:
         drec: dict[int, dict[int, int]] = {}
         for i in r:
             ls = self.fimpl[i]
-            legal = [l for l in ls if not nodes[i].forward[l].inplace or nodes[i].inplace_input is not None]
+            legal = [l for l in ls if (not nodes[i].forward[l].inplace or nodes[i].inplace_input is not None)
+                     and not (nodes[i].forward[l].reuses_intermediates
+                              and any(E[m] == ZERO for m in self._intermediates_of(i)))]
             if len(legal) == 1:
                 bits = {l: ZERO for l in ls}
                 bits[legal[0]] = r[i]
@@ -554,6 +557,15 @@ class _Builder:
             drec[i] = bits
             for l, bit in bits.items():
                 self.obj.bit(bit, nodes[i].forward[l].compute_us)
+                if bit == ZERO or not nodes[i].forward[l].reuses_intermediates:
+                    continue
+                for m in self._intermediates_of(i):
+                    # (4.7) a reusing recomputation reads x_m, which must have entered the stage ...
+                    if E[m] != ONE:
+                        self._le(_Lin().bit(bit).bit(E[m], -1.0), 0.0, "4.7-reuse")
+                    # ... and is not produced again: r_m^k <= r_i^k - delta^k_{i,reuse}
+                    if m in r:
+                        self._le(_Lin().bit(r[m]).bit(bit).bit(r[i], -1.0), 0.0, "4.7-reuse")
         self.drec[k] = drec
 
         # s_j^{k-1}: kept after the stage (reductions b, d).
@@ -668,6 +680,8 @@ class _Builder:
         readers_here: set[int] = set()
         for u in r:
             readers_here.update(nodes[u].inputs)
+            if any(nodes[u].forward[l].reuses_intermediates and bit != ZERO for l, bit in drec[u].items()):
+                readers_here.update(self._intermediates_of(u))  # read by a reusing recomputation
         above_cache: dict[int, _Lin] = {}
 
         def live_above(j: int) -> _Lin:

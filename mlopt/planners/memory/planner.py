@@ -136,7 +136,8 @@ def least_feasible_bytes(problem: MemoryProblem, *replays: Any) -> int:
 def best_warm_start(problem: MemoryProblem, budget: int, joint: bool,
                     extra: tuple[tuple[str, Schedule], ...] = ()) -> tuple[Schedule | None, str]:
     """The cheapest schedule that fits the budget (default implementations only unless joint) among the
-    baselines and `extra` (e.g. the plan of a smaller budget in a sweep, which fits any larger one)."""
+    baselines and `extra` (e.g. the plan of a smaller budget in a sweep, which fits any larger one). For the
+    joint ILP each candidate's recomputations first reuse intermediates where they can (never worse)."""
     from mlopt.planners.memory import baselines
     from mlopt.planners.memory.replay import ScheduleError, replay
 
@@ -147,6 +148,8 @@ def best_warm_start(problem: MemoryProblem, budget: int, joint: bool,
     for name, schedule in candidates:
         if schedule is None or (not joint and not uses_default_impls(problem, schedule)):
             continue
+        if joint:
+            schedule = baselines.reuse_intermediates(problem, schedule)
         try:
             replayed = replay(problem, schedule)
         except ScheduleError:

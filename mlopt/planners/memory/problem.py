@@ -27,6 +27,11 @@ dependencies D_k^l must be live; peak = constant + |L_hat_k| + |y_k| + c_hat_k^l
 S^{k-1} (the stage's `keep` set), which may only contain values that were live in the stage:
 s_i^{k-1} <= s_i^k + r_i^k  (4.7). Nodes without backward have an empty, free stage.
 
+An implementation with `reuses_intermediates` exists for recomputation only (the forward pass may not
+choose it): it reads the node's intermediate nodes (batch norm's saved mean/invstd) besides its inputs,
+so they must be live on entering the stage, and it does not produce them, so they may not be
+recomputed in that stage.
+
 Gradients are decision-independent: grad_live_bytes and y_bytes are precomputed constants per stage.
 """
 
@@ -44,10 +49,16 @@ class ForwardImpl:
     compute_us: float  # tau_i^l
     workspace_bytes: int = 0  # c_i^l
     inplace: bool = False  # output overwrites Node.inplace_input's buffer (MONeT q)
+    # Recomputation only: reads the node's intermediates kept from the forward pass (e.g. batch norm's
+    # saved mean/invstd) instead of producing them again (MONeT: "reuse BatchNorm statistics").
+    reuses_intermediates: bool = False
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "compute_us": self.compute_us, "workspace_bytes": self.workspace_bytes,
-                "inplace": self.inplace}
+        out = {"name": self.name, "compute_us": self.compute_us, "workspace_bytes": self.workspace_bytes,
+               "inplace": self.inplace}
+        if self.reuses_intermediates:
+            out["reuses_intermediates"] = True
+        return out
 
 
 @dataclass(frozen=True)
@@ -104,6 +115,10 @@ class MemoryProblem:
     @property
     def n(self) -> int:
         return len(self.nodes)
+
+    def intermediates_of(self, c: int) -> list[int]:
+        """The intermediate nodes whose creator is c, ascending."""
+        return [node.index for node in self.nodes if node.intermediate_of == c]
 
     def forward_users(self) -> list[list[int]]:
         """users[j] = forward nodes that read x_j, ascending."""

@@ -22,6 +22,9 @@ Decisions the docstring leaves open, made here and relied on elsewhere:
   max(0, |x_i| - |x_j|) (0 for the builder's same-size in-place ops, as the docstring says).
 * A stage whose node has no backward implementations must name impl "" and runs no backward op (no
   memory event); its recomputations and keep set still run and are checked.
+* An implementation that reuses intermediates (recomputation only; a forward step naming one is an
+  error) reads the node's intermediate nodes as inputs: they must be live when it runs, so they are not
+  freed before it, and none of them may be recomputed in the same stage.
 * compute_us = forward (computed nodes) + recompute + backward implementation times.
 * forward_end_bytes = bytes of the values live after the forward pass (S^N: stored values and final
   outputs), constant_bytes excluded.
@@ -183,6 +186,10 @@ def _run_forward(problem: MemoryProblem, schedule: Schedule, mem: _Memory) -> fl
     for node, step in zip(problem.nodes, schedule.forward):
         i = node.index
         impl = _forward_impl(problem, node, step.impl, "forward", None)
+        if impl.reuses_intermediates:
+            raise ScheduleError(f"{_where(problem, 'forward', i, None, impl.name)}: reuses intermediates that "
+                                f"only the forward pass produces: an implementation for recomputation only",
+                                phase="forward", node=i)
         if users[i] or i in finals or step.store:
             for j in node.inputs:
                 if j not in mem.live:
@@ -234,6 +241,14 @@ def _check_stage_lists(problem: MemoryProblem, stage: BackwardStage) -> None:
         previous = v
 
 
+def _recompute_reads(problem: MemoryProblem, node: Node, impl: ForwardImpl) -> tuple[int, ...]:
+    """The values a recomputation of `node` with `impl` reads: its inputs, and its intermediates when the
+    implementation reuses them."""
+    if not impl.reuses_intermediates:
+        return node.inputs
+    return (*node.inputs, *problem.intermediates_of(node.index))
+
+
 def _run_stage(problem: MemoryProblem, stage: BackwardStage, mem: _Memory) -> tuple[float, float]:
     """One backward stage; returns (recompute_us, backward_us)."""
     k = stage.node
@@ -245,9 +260,10 @@ def _run_stage(problem: MemoryProblem, stage: BackwardStage, mem: _Memory) -> tu
     recs = [(problem.nodes[i], _forward_impl(problem, problem.nodes[i], name, "recompute", k))
             for i, name in stage.recompute]
     recomputed = {n.index for n, _ in recs}
+    reads = [_recompute_reads(problem, n, impl) for n, impl in recs]
     last_read: dict[int, int] = {}  # value -> last position in this stage's recomputations that reads it
-    for position, (n, _) in enumerate(recs):
-        for j in n.inputs:
+    for position, read in enumerate(reads):
+        for j in read:
             last_read[j] = position
 
     def needed_after(v: int, position: int) -> bool:
@@ -263,7 +279,13 @@ def _run_stage(problem: MemoryProblem, stage: BackwardStage, mem: _Memory) -> tu
             raise ScheduleError(f"{_where(problem, 'recompute', i, k, impl.name)}: an intermediate of "
                                 f"{value_name(problem, n.intermediate_of)} is recomputed only together with it",
                                 phase="recompute", stage=k, node=i)
-        for j in n.inputs:
+        if impl.reuses_intermediates:
+            again = [m for m in reads[position] if m not in n.inputs and m in recomputed]
+            if again:
+                raise ScheduleError(f"{_where(problem, 'recompute', i, k, impl.name)}: reuses "
+                                    f"{value_name(problem, again[0])}, which the stage also recomputes",
+                                    phase="recompute", stage=k, node=i)
+        for j in reads[position]:
             if j not in mem.live:
                 raise ScheduleError(f"{_where(problem, 'recompute', i, k, impl.name)}: needs "
                                     f"{value_name(problem, j)} which is not live", phase="recompute", stage=k, node=i)
