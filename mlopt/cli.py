@@ -79,6 +79,8 @@ def planner_options(func: Callable, output_required: bool = True) -> Callable:
                      show_default=True, help="MILP backend (auto: gurobi with a full licence, else highs)."),
         click.option("--time-limit", "time_limit_s", type=click.FloatRange(min=0, min_open=True), default=None,
                      help="Seconds per solve; the best plan found is returned with its gap."),
+        click.option("--node-limit", type=click.IntRange(min=1), default=None,
+                     help="Branch-and-bound nodes per solve: a limit that gives the same plan on every run."),
         click.option("--mip-gap", type=click.FloatRange(min=0), default=1e-4, show_default=True,
                      help="Relative gap at which a MILP counts as solved."),
         click.option("--threads", type=click.IntRange(min=1), default=1, show_default=True,
@@ -113,6 +115,7 @@ def _planner_options_from(kwargs: dict[str, Any]):
     defaults = PlannerOptions()
     return PlannerOptions(
         solver=kwargs.get("solver", defaults.solver), time_limit_s=kwargs.get("time_limit_s", defaults.time_limit_s),
+        node_limit=kwargs.get("node_limit", defaults.node_limit),
         mip_gap=kwargs.get("mip_gap", defaults.mip_gap), threads=kwargs.get("threads", defaults.threads),
         seed=kwargs["seed"], dump_model=kwargs.get("dump_model"), record_wall_time=kwargs["record_wall_time"],
     )

@@ -37,3 +37,15 @@ def test_relay_sketches_follow_the_nics():
     (ndv2, _), = default_sketches(from_spec("ndv2x2"))
     assert ndv2.internode_conn == {0: (1,)} and ndv2.symmetry_offsets == ((8, 16),)
     assert default_sketches(from_spec("ndv2")) == []
+
+
+def test_node_limit_reaches_the_taccl_stages_and_repeats_the_plan():
+    """A node limit stops TACCL's MILP stages at the same point on every run: the same plan twice (a stage
+    stopped by a wall-clock limit would record a bound that depends on the machine's load)."""
+    topo = from_spec("ndv2")
+    copts = CollectiveOptions("alltoall", 64 * 1024, algorithm="taccl")
+    plans = [plan_collective(topo, copts, PlannerOptions(node_limit=1), inputs={"topology": "ndv2"}).plan
+             for _ in range(2)]
+    stages = plans[0].payload["synthesis"]["stages"]
+    assert any(s["status"] != "optimal" for s in stages), "one node cannot prove this alltoall optimal"
+    assert plans[0].to_dict() == plans[1].to_dict()

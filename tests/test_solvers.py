@@ -328,6 +328,23 @@ def test_time_limit_with_warm_start_returns_feasible_with_gap(solver):
     assert result.gap == pytest.approx(abs(result.objective - result.best_bound) / abs(result.objective))
 
 
+def test_node_limit_stops_at_the_same_point_every_run(solver):
+    """A node limit is a work limit: two runs return the same incumbent and bound (a time limit would not)."""
+    model, start = market_split(rows=5, seed=7, with_slack=True)
+    options = SolveOptions(node_limit=20)
+    first, second = (solver.solve(model, options, start=start) for _ in range(2))
+    assert first.status is Status.FEASIBLE, first.message
+    assert_consistent(first, model, options)
+    assert 0 < first.gap < INF
+    assert np.array_equal(first.x, second.x)
+    assert (first.objective, first.best_bound) == (second.objective, second.best_bound)
+
+
+def test_node_limit_must_be_positive():
+    with pytest.raises(ValueError, match="node_limit"):
+        SolveOptions(node_limit=0)
+
+
 def test_time_limit_without_solution(solver):
     model, _ = market_split(rows=6, seed=3, with_slack=False)
     result = solver.solve(model, SolveOptions(time_limit_s=0.5))

@@ -12,6 +12,7 @@ from mlopt.solvers import SolveOptions
 class PlannerOptions:
     solver: str = "auto"  # --solver: auto | highs | cbc | gurobi (auto: gurobi with a full licence, else highs)
     time_limit_s: float | None = None  # --time-limit: stop and return the best plan found, with its gap
+    node_limit: int | None = None  # --node-limit: stop each MILP after this many branch-and-bound nodes (reproducible)
     mip_gap: float = 1e-4  # --mip-gap: relative gap at which a MILP counts as solved
     threads: int = 1  # --threads: solver threads (1 keeps runs reproducible)
     seed: int = 0  # --seed: solver and heuristic random seed
@@ -23,6 +24,8 @@ class PlannerOptions:
         d = asdict(self)
         d.pop("dump_model")
         d.pop("record_wall_time")
+        if d["node_limit"] is None:
+            d.pop("node_limit")  # plans made before the knob existed keep their provenance
         return d
 
     def solve_options(self, dump_suffix: str = "") -> SolveOptions:
@@ -31,5 +34,5 @@ class PlannerOptions:
         if self.dump_model:
             stem = self.dump_model[:-4] if self.dump_model.endswith(".mps") else self.dump_model
             dump = f"{stem}{dump_suffix}.mps"
-        return SolveOptions(time_limit_s=self.time_limit_s, mip_gap=self.mip_gap, threads=self.threads,
-                            seed=self.seed, dump_model=dump)
+        return SolveOptions(time_limit_s=self.time_limit_s, node_limit=self.node_limit, mip_gap=self.mip_gap,
+                            threads=self.threads, seed=self.seed, dump_model=dump)

@@ -459,7 +459,7 @@ def _native_batch_norm(ot: OpTensors, ctx: _Ctx, alternatives: bool) -> Bench:
 
         def run() -> torch.Tensor:
             scale = invstd if wt is None else invstd * wt
-            shift = -mean * scale if bt is None else bt - mean * scale
+            shift = -mean * scale if bt is None else torch.addcmul(bt, mean, scale, value=-1)  # as the runtime
             return torch.addcmul(shift.view(shape_c).to(xt.dtype), xt, scale.view(shape_c).to(xt.dtype))
         return xt, run, y
 

@@ -61,6 +61,7 @@ class Availability:
 @dataclass(frozen=True)
 class SolveOptions:
     time_limit_s: float | None = None  # wall-clock limit; None = no limit
+    node_limit: int | None = None  # branch-and-bound nodes; unlike a time limit, gives the same result every run
     mip_gap: float = 1e-4  # relative gap at which a MIP counts as optimal
     threads: int = 1  # solver threads; 1 keeps runs reproducible and cheap on shared machines
     seed: int = 0  # random seed for the solver's heuristics (0 = the solver's fixed default)
@@ -70,6 +71,8 @@ class SolveOptions:
     def __post_init__(self) -> None:
         if self.time_limit_s is not None and not self.time_limit_s > 0:
             raise ValueError(f"time_limit_s must be > 0 or None, got {self.time_limit_s}")
+        if self.node_limit is not None and self.node_limit < 1:
+            raise ValueError(f"node_limit must be >= 1 or None, got {self.node_limit}")
         if not 0 <= self.mip_gap < 1:
             raise ValueError(f"mip_gap must be in [0, 1), got {self.mip_gap}")
         if self.threads < 1:

@@ -128,6 +128,8 @@ def _option_args(options: SolveOptions) -> list[str]:
     args = ["-ratioGap", repr(float(options.mip_gap))]
     if options.time_limit_s is not None:
         args += ["-timeMode", "elapsed", "-sec", repr(float(options.time_limit_s))]
+    if options.node_limit is not None:
+        args += ["-maxNodes", str(int(options.node_limit))]
     if options.threads > 1:
         args += ["-threads", str(100 + options.threads)]
     if options.seed > 0:

@@ -96,6 +96,8 @@ def _build(gp, env, form: MatrixForm, options: SolveOptions, start: StartArrays)
     _add_rows(gp, model, x, form)
     if options.time_limit_s is not None:
         model.Params.TimeLimit = options.time_limit_s
+    if options.node_limit is not None:
+        model.Params.NodeLimit = options.node_limit
     model.Params.MIPGap = options.mip_gap
     model.Params.Threads = options.threads
     model.Params.Seed = options.seed

@@ -65,6 +65,8 @@ def _set_options(h, options: SolveOptions) -> None:
     h.setOptionValue("random_seed", int(options.seed))
     if options.time_limit_s is not None:
         h.setOptionValue("time_limit", float(options.time_limit_s))
+    if options.node_limit is not None:
+        h.setOptionValue("mip_max_nodes", int(options.node_limit))
 
 
 def _solution_x(h, highspy) -> np.ndarray | None:

@@ -81,7 +81,8 @@ def _taccl(topology: Topology, sketch: Sketch | None, sketch_source: str, copts:
     def build() -> tuple[Algorithm, dict[str, Any]]:
         from mlopt.planners.collective.taccl import SynthesisOptions, synthesize
 
-        kwargs = dict(solver=options.solver, time_limit_s=options.time_limit_s or 60.0, mip_gap=options.mip_gap,
+        kwargs = dict(solver=options.solver, time_limit_s=options.time_limit_s or 60.0, node_limit=options.node_limit,
+                      mip_gap=options.mip_gap,
                       threads=options.threads, seed=options.seed,
                       dump_model=options.dump_model[:-4] if options.dump_model and options.dump_model.endswith(".mps")
                       else options.dump_model)
@@ -133,7 +134,10 @@ def _trees(topology: Topology, copts: CollectiveOptions, options: PlannerOptions
     return build
 
 
-AUTO_STAGE_TIME_LIMIT_S = 10.0  # per MILP stage when auto tries several sketches and --time-limit is unset
+# Per MILP stage when auto tries several candidates and neither --time-limit nor --node-limit is given: a node
+# limit, so that the plan is the same on every run, with a wall-clock limit as a safety net only.
+AUTO_STAGE_NODE_LIMIT = 500
+AUTO_STAGE_TIME_LIMIT_S = 60.0
 TREES_MAX_CHUNKS_PER_RANK = 8  # keeps tree programs small enough to lower, prove and simulate quickly
 
 
@@ -175,8 +179,8 @@ def candidates(topology: Topology, copts: CollectiveOptions, options: PlannerOpt
                sketches: list[tuple[Sketch, str]]) -> list[Candidate]:
     """What to try: the requested family, or for auto every family that applies to the collective."""
     families = [copts.algorithm] if copts.algorithm != "auto" else list(ALGORITHMS[1:])
-    if copts.algorithm == "auto" and options.time_limit_s is None:
-        options = replace(options, time_limit_s=AUTO_STAGE_TIME_LIMIT_S)
+    if copts.algorithm == "auto" and options.time_limit_s is None and options.node_limit is None:
+        options = replace(options, time_limit_s=AUTO_STAGE_TIME_LIMIT_S, node_limit=AUTO_STAGE_NODE_LIMIT)
     out: list[Candidate] = []
     for family in families:
         if family == "taccl":

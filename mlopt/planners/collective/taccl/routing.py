@@ -343,9 +343,9 @@ def solve_routing(logical: LogicalTopology, chunks: ChunkModel, cand: Candidates
 
     form = model.to_arrays()
     num_bin = int(form.integrality.sum())
-    result = solver.solve(form, SolveOptions(time_limit_s=options.time_limit_s, mip_gap=options.mip_gap,
-                                             threads=options.threads, seed=options.seed, verbose=options.verbose,
-                                             dump_model=_dump(options, "routing")))
+    result = solver.solve(form, SolveOptions(time_limit_s=options.time_limit_s, node_limit=options.node_limit,
+                                             mip_gap=options.mip_gap, threads=options.threads, seed=options.seed,
+                                             verbose=options.verbose, dump_model=_dump(options, "routing")))
     # Lower bound on `time` alone: obj = time + gamma * (sum of uc-min links) - gamma * (sum of uc-max links),
     # so time >= bound - gamma * (number of uc-min links).
     time_bound = None
@@ -356,9 +356,10 @@ def solve_routing(logical: LogicalTopology, chunks: ChunkModel, cand: Candidates
     if util_terms and options.bound_resolve and result.status is Status.OPTIMAL:
         # That bound is loose by the gamma term; re-solve for time alone (from this solution) to bound it.
         model.set_objective([time_var], [1.0], "min")
-        bound_result = solver.solve(model, SolveOptions(time_limit_s=options.time_limit_s, mip_gap=options.mip_gap,
-                                                        threads=options.threads, seed=options.seed,
-                                                        verbose=options.verbose), start=result.x)
+        bound_options = SolveOptions(time_limit_s=options.time_limit_s, node_limit=options.node_limit,
+                                     mip_gap=options.mip_gap, threads=options.threads, seed=options.seed,
+                                     verbose=options.verbose)
+        bound_result = solver.solve(model, bound_options, start=result.x)
         if bound_result.best_bound is not None and math.isfinite(bound_result.best_bound):
             time_bound = max(time_bound or 0.0, bound_result.best_bound * unit)
     routes = None

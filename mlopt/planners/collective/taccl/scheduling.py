@@ -154,9 +154,9 @@ def solve_schedule(graph: TransferGraph, orders: Orders, logical: LogicalTopolog
     warm = np.zeros(form.num_vars)
     warm[send] = np.asarray(orders.start_us) / unit
     warm[time_var] = orders.makespan_us / unit
-    result = solver.solve(form, SolveOptions(time_limit_s=options.time_limit_s, mip_gap=options.mip_gap,
-                                             threads=options.threads, seed=options.seed, verbose=options.verbose,
-                                             dump_model=_dump(options, tag)), start=warm)
+    result = solver.solve(form, SolveOptions(time_limit_s=options.time_limit_s, node_limit=options.node_limit,
+                                             mip_gap=options.mip_gap, threads=options.threads, seed=options.seed,
+                                             verbose=options.verbose, dump_model=_dump(options, tag)), start=warm)
     scaled = replace(result, objective=None if result.objective is None else result.objective * unit,
                      best_bound=None if result.best_bound is None or not math.isfinite(result.best_bound)
                      else result.best_bound * unit)

@@ -58,6 +58,7 @@ from mlopt.solvers import Status, resolve_solver
 class SynthesisOptions:
     solver: str = "auto"  # MILP backend: auto | highs | cbc | gurobi
     time_limit_s: float | None = 60.0  # wall-clock limit of EACH MILP stage (routing, scheduling); None = none
+    node_limit: int | None = None  # branch-and-bound nodes of each MILP stage (reproducible, unlike the time limit)
     mip_gap: float = 1e-4  # relative gap at which a stage's MILP counts as solved
     threads: int = 1  # solver threads (1: reproducible)
     seed: int = 0  # solver random seed
