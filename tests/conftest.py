@@ -65,3 +65,14 @@ def ddp_example_trace(tmp_path_factory) -> Path:
                  "-o", str(out)])
     assert code == 0
     return out
+
+
+@pytest.fixture(scope="session")
+def runtime_library():
+    """Skip when the C++ runtime library is not built (mlopt.runtime.native finds none)."""
+    from mlopt.runtime import native
+
+    try:
+        native.library()
+    except native.RuntimeLibraryNotFound as exc:
+        pytest.skip(f"mlopt runtime library unavailable: {exc}")

@@ -81,16 +81,6 @@ def test_size_splits_into_the_larger_buffers_chunks():
 
 
 @pytest.fixture(scope="module")
-def runtime_library():
-    from mlopt.runtime import native
-
-    try:
-        native.library()
-    except native.RuntimeLibraryNotFound as exc:
-        pytest.skip(f"mlopt runtime library unavailable: {exc}")
-
-
-@pytest.fixture(scope="module")
 def ring_allreduce(tmp_path_factory, runtime_library):
     from mlopt.cli import main
 

@@ -333,16 +333,6 @@ def test_real_gpus():
 # ------------------------------------------------------------------------------------------------ CPU path
 
 
-@pytest.fixture(scope="module")
-def runtime_library():
-    from mlopt.runtime import native
-
-    try:
-        native.library()
-    except native.RuntimeLibraryNotFound as exc:
-        pytest.skip(f"mlopt runtime library unavailable: {exc}")
-
-
 def test_transfer_program_moves_the_chunks(runtime_library):
     import numpy as np
 
