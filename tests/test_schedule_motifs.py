@@ -31,7 +31,9 @@ CASES = [
 def make(collective, size, per_rank=12, root_pos=-1):
     ranks = tuple(range(100, 100 + 3 * size, 3))  # non-contiguous ids: positions, not ids, matter
     root = ranks[root_pos] if collective in ROOTED else None
-    return CommOp(collective, per_rank * size, ranks, root)
+    # permute: every position sends to the next one (a rotation, so splining has pairs inside and across groups)
+    pairs = tuple((ranks[i], ranks[(i + 1) % size]) for i in range(size)) if collective == "permute" else None
+    return CommOp(collective, per_rank * size, ranks, root, pairs=pairs)
 
 
 @pytest.mark.parametrize("collective,size,n", CASES)

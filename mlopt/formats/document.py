@@ -29,7 +29,7 @@ class FormatSpec:
 
 
 TOPOLOGY = FormatSpec("mlopt.topology", "1.0", "topology.schema.json")
-TRACE = FormatSpec("mlopt.trace", "1.0", "trace.schema.json")
+TRACE = FormatSpec("mlopt.trace", "1.1", "trace.schema.json")  # 1.1: a permute's comm.pairs
 PLAN = FormatSpec("mlopt.plan", "1.0", "plan.schema.json")
 PLAN_INDEX = FormatSpec("mlopt.plan-index", "1.0", "plan-index.schema.json")
 ALL_FORMATS = (TOPOLOGY, TRACE, PLAN, PLAN_INDEX)

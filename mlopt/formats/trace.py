@@ -2,8 +2,9 @@
 
 A trace is one training step of one rank: ops in execution order, each with a role, the tensors it reads
 and writes, its implementations (compute time and workspace each; the first is the default the trace was
-measured with) and, for communication ops, the collective, its bytes and process group. Backward ops
-point at the forward op they differentiate (`forward_op`), which is how planners pair them.
+measured with) and, for communication ops, the collective, its bytes and process group (a permute, XLA's
+collective-permute, also its (source, destination) pairs). Backward ops point at the forward op they
+differentiate (`forward_op`), which is how planners pair them.
 
 A tensor written by no op is external. Tensors of a preloaded kind (inputs, parameters, buffers, optimizer
 state) hold a value before the step, so they may be read before they are written (the optimizer updates
@@ -33,6 +34,7 @@ COLLECTIVES = (
     "broadcast",
     "reduce",
     "barrier",
+    "permute",  # XLA's collective-permute: each source position sends its whole buffer to one destination
     "send",
     "recv",
 )
@@ -74,15 +76,61 @@ class Implementation:
 @dataclass(frozen=True)
 class CommSpec:
     collective: str  # one of COLLECTIVES
-    bytes: int  # payload per rank as nccl-tests counts it (the buffer for allreduce)
+    bytes: int  # payload per rank as nccl-tests counts it (the buffer for allreduce; permute: what each source sends)
     group: str  # process group name
+    # permute only (required there, forbidden elsewhere): (source, destination) POSITIONS in the process group
+    # (0..len(group)-1, like torch.distributed group ranks), each source and each destination at most once
+    pairs: tuple[tuple[int, int], ...] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"collective": self.collective, "bytes": self.bytes, "group": self.group}
+        d: dict[str, Any] = {"collective": self.collective, "bytes": self.bytes, "group": self.group}
+        if self.pairs is not None:  # only then, so every other collective's dict stays as it was
+            d["pairs"] = [list(p) for p in self.pairs]
+        return d
 
     @staticmethod
     def from_dict(d: dict[str, Any]) -> "CommSpec":
-        return CommSpec(d["collective"], d["bytes"], d["group"])
+        raw = d.get("pairs")
+        # Malformed pairs are kept as they are (not coerced) so validate_trace can name them in its error.
+        pairs = None if raw is None else tuple(tuple(p) if isinstance(p, list) else p for p in raw)
+        return CommSpec(d["collective"], d["bytes"], d["group"], pairs)
+
+
+def _is_position(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def pairs_problem(collective: str, pairs: Any, group_size: int | None) -> str | None:
+    """What is wrong with a comm op's `pairs`, or None when they are fine.
+
+    A permute needs pairs (an empty list is a permute that moves nothing); no other collective may have them.
+    Each pair is [source, destination], two distinct group positions in 0..group_size-1 (only >= 0 when the
+    group's size is unknown); a position is a source at most once and a destination at most once.
+    """
+    if collective != "permute":
+        return None if pairs is None else f"only a permute has pairs, not a {collective}"
+    if pairs is None:
+        return "a permute needs its (source, destination) pairs"
+    if not isinstance(pairs, (list, tuple)):
+        return f"expected a list of [source, destination] pairs, found {pairs!r:.60}"
+    sources: dict[int, int] = {}
+    destinations: dict[int, int] = {}
+    for k, pair in enumerate(pairs):
+        if not (isinstance(pair, (list, tuple)) and len(pair) == 2 and all(map(_is_position, pair))):
+            return f"pair {k} is {pair!r:.60}, expected [source, destination]: two integer group positions"
+        s, d = pair
+        for x in (s, d):
+            if x < 0 or (group_size is not None and x >= group_size):
+                span = "" if group_size is None else f" (the group has {group_size} ranks: 0..{group_size - 1})"
+                return f"pair {k} [{s}, {d}] names position {x} outside the group{span}"
+        if s == d:
+            return f"pair {k} [{s}, {d}] sends position {s} to itself"
+        if s in sources:
+            return f"position {s} is the source of pairs {sources[s]} and {k}"
+        if d in destinations:
+            return f"position {d} is the destination of pairs {destinations[d]} and {k}"
+        sources[s], destinations[d] = k, k
+    return None
 
 
 @dataclass(frozen=True)
@@ -214,7 +262,7 @@ def _find_cycle(ops: tuple[Op, ...], edges: dict[int, set[int]]) -> list[int] | 
 
 
 def validate_trace(trace: ModelTrace, source: str = "<trace>") -> None:
-    """Semantic checks the schema cannot express: references, ordering, acyclicity."""
+    """Semantic checks the schema cannot express: references, ordering, acyclicity, a permute's pairs."""
     tensors: dict[int, Tensor] = {}
     for i, t in enumerate(trace.tensors):
         if t.id in tensors:
@@ -226,6 +274,7 @@ def validate_trace(trace: ModelTrace, source: str = "<trace>") -> None:
             raise InputError(source, f"$.ops[{i}].id", f"duplicate op id {op.id}")
         op_index[op.id] = i
     groups = {g.name for g in trace.process_groups}
+    group_size = {g.name: len(g.ranks) for g in trace.process_groups}
 
     writers: dict[int, list[int]] = {}
     for op in trace.ops:
@@ -253,6 +302,10 @@ def validate_trace(trace: ModelTrace, source: str = "<trace>") -> None:
             raise InputError(source, f"{where}.comm", f"comm op {op.id} ({op.name}) has no collective")
         if op.comm is not None and groups and op.comm.group not in groups:
             raise InputError(source, f"{where}.comm.group", f"unknown process group {op.comm.group!r}")
+        if op.comm is not None:
+            problem = pairs_problem(op.comm.collective, op.comm.pairs, group_size.get(op.comm.group))
+            if problem:
+                raise InputError(source, f"{where}.comm.pairs", f"op {op.id} ({op.name}): {problem}")
 
     # A read of a tensor whose every writer runs later is either a cycle or a use before production.
     for i, op in enumerate(trace.ops):

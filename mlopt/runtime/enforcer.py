@@ -9,14 +9,16 @@ docs/enforcer.md). This module
   (`MotifTable.from_plan`), or the FIFO baseline where every op is one motif on every channel
   (`MotifTable.fifo`);
 * makes an MSCCL-EF program per motif (`ProgramCache`: the ring baseline lowered for a fully connected
-  topology of the motif's size, or a direct send/receive program for a splined all-to-all's pattern) and the
-  staging layout that maps the op's buffers onto the program's buffers (`stage`);
+  topology of the motif's size, or a direct send/receive program for a splined all-to-all's pattern or a
+  permute's (source, destination) pairs) and the staging layout that maps the op's buffers onto the
+  program's buffers (`stage`);
 * runs a "real iteration" with one Python thread per rank acting as the application (`run_iteration_harness`).
 
 Buffer model (mlopt/planners/schedule/motifs.py): every rank holds an input and an output buffer of the op's
-`nbytes`; the output starts as the input, every motif but all-to-all works in place on the output, all-to-all
-reads the input. A motif's `regions` say which bytes of the op buffer it covers; staging buffers are padded to
-the program's chunk count (the padding is zero and never scattered back).
+`nbytes`; the output starts as the input, every motif but all-to-all and permute works in place on the output,
+all-to-all and permute read the input (a permute writes the destinations' outputs only). A motif's `regions`
+say which bytes of the op buffer it covers; staging buffers are padded to the program's chunk count (the
+padding is zero and never scattered back).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ SOURCE_OUTPUT = 0  # mlopt_motif_source
 SOURCE_INPUT = 1
 MAX_CHANNELS = 64  # bits of mlopt_motif_desc.channel_mask
 REDUCING = frozenset({"allreduce", "reducescatter", "reduce"})
+FROM_INPUT = frozenset({"alltoall", "permute"})  # motifs that read the op's input (SOURCE_INPUT)
 
 
 # ------------------------------------------------------------------------------------------------ table
@@ -63,6 +66,7 @@ class TableOp:
     ranks: tuple[int, ...]
     root: int | None
     motifs: tuple[TableMotif, ...]
+    pairs: tuple[tuple[int, int], ...] = ()  # permute only: (source, destination) global ranks
 
     def involves(self, rank: int) -> bool:
         return any(rank in m.motif.ranks for m in self.motifs)
@@ -119,8 +123,11 @@ def payload_row(op: CommOp, motifs: Sequence[Motif], seqs: Sequence[int], channe
                      "deps": list(m.deps), "pattern": None if m.pattern is None else [list(p) for p in m.pattern],
                      "channels": list(channels[i]), "seq": int(seqs[i]), "duration_us": 0.0, "start_us": 0.0,
                      "end_us": 0.0})
-    return {"id": op_id, "name": name or op.collective, "iteration": iteration, "collective": op.collective,
-            "nbytes": op.nbytes, "ranks": list(op.ranks), "root": op.root, "option": 0, "plan": "", "motifs": rows}
+    row = {"id": op_id, "name": name or op.collective, "iteration": iteration, "collective": op.collective,
+           "nbytes": op.nbytes, "ranks": list(op.ranks), "root": op.root}
+    if op.collective == "permute":  # only then: other rows stay as they were
+        row["pairs"] = [list(p) for p in op.pairs]
+    return {**row, "option": 0, "plan": "", "motifs": rows}
 
 
 def _plan_rows(payload: Mapping[str, Any], iteration: int) -> tuple[tuple[str, ...], list[Mapping[str, Any]]]:
@@ -139,13 +146,21 @@ def _comm_op(row: Mapping[str, Any]) -> CommOp:
     if missing:
         raise ValueError(f"comm-op {row.get('name') or row.get('id')}: the plan row lacks {', '.join(missing)} "
                          f"(written by an mlopt older than the enforcer: re-plan)")
-    return CommOp(str(row["collective"]), int(row["nbytes"]), tuple(int(r) for r in row["ranks"]),
-                  None if row.get("root") is None else int(row["root"]))
+    pairs = row.get("pairs")
+    if row["collective"] == "permute" and pairs is None:
+        raise ValueError(f"comm-op {row.get('name') or row.get('id')}: the permute row lacks pairs (re-plan)")
+    try:
+        return CommOp(str(row["collective"]), int(row["nbytes"]), tuple(int(r) for r in row["ranks"]),
+                      None if row.get("root") is None else int(row["root"]),
+                      pairs=None if pairs is None else tuple((int(s), int(d)) for s, d in pairs))
+    except ValueError as exc:
+        raise ValueError(f"comm-op {row.get('name') or row.get('id')}: {exc}") from None
 
 
 def _table_op(index: int, row: Mapping[str, Any], motifs: tuple[TableMotif, ...]) -> TableOp:
     op = _comm_op(row)
-    return TableOp(index, str(row.get("name", f"op{index}")), op.collective, op.nbytes, op.ranks, op.root, motifs)
+    return TableOp(index, str(row.get("name", f"op{index}")), op.collective, op.nbytes, op.ranks, op.root, motifs,
+                   tuple(op.pairs or ()))
 
 
 def _motif_of(m: Mapping[str, Any], where: str) -> Motif:
@@ -223,12 +238,23 @@ def _pattern_alltoall_program(n: int, pairs: frozenset[tuple[int, int]]):
     return _program(f"enforcer_alltoall{n}_pattern", "alltoall", n, gpus)
 
 
+def _program_collective(collective: str, pattern: frozenset[tuple[int, int]] | None) -> str:
+    """The collective whose program a motif runs: a permute runs the pattern all-to-all program of its pairs
+    (block d of the source's staging input to block s of the destination's staging output, see `_permute`)."""
+    if collective != "permute":
+        return collective
+    if pattern is None:
+        raise ValueError("a permute motif needs its (source, destination) pairs (pattern)")
+    return "alltoall"
+
+
 def motif_program_xml(collective: str, n: int, root: int = 0,
                       pattern: frozenset[tuple[int, int]] | None = None) -> str:
     """MSCCL-EF XML of the program a motif runs: `collective` over n positions (root: a position), or a
-    splined all-to-all moving only the position pairs of `pattern`."""
+    splined all-to-all (or a permute) moving only the position pairs of `pattern`."""
     from mlopt.formats.msccl_xml import write_program
 
+    collective = _program_collective(collective, pattern)
     if n == 1:
         program = _copy_program(collective)
     elif pattern is not None:
@@ -239,7 +265,8 @@ def motif_program_xml(collective: str, n: int, root: int = 0,
 
 
 class ProgramCache:
-    """Loaded motif programs, memoised per (collective, ranks, root position, pattern)."""
+    """Loaded motif programs, memoised per (collective, ranks, root position, pattern); a permute shares the
+    pattern all-to-all program of its pairs (the same program: key ("alltoall", n, 0, pattern))."""
 
     def __init__(self):
         self._plans: dict[tuple, tuple[native.Plan, dict[str, Any]]] = {}
@@ -247,6 +274,7 @@ class ProgramCache:
     def get(self, collective: str, n: int, root: int = 0,
             pattern: frozenset[tuple[int, int]] | None = None) -> tuple[native.Plan, dict[str, Any]]:
         """(plan, its program_info)."""
+        collective = _program_collective(collective, pattern)
         key = (collective, n, root if collective in ROOTED else 0, pattern)
         if key not in self._plans:
             name = f"enforcer-{collective}-{n}" + (f"-root{key[2]}" if collective in ROOTED else "")
@@ -274,7 +302,7 @@ class Staged:
 
     program: native.Plan
     count: int  # program input elements per position
-    source: int  # SOURCE_INPUT (all-to-all) or SOURCE_OUTPUT
+    source: int  # SOURCE_INPUT (all-to-all, permute) or SOURCE_OUTPUT
     gather: tuple[tuple[tuple[int, int, int], ...], ...]
     scatter: tuple[tuple[tuple[int, int, int], ...], ...]
 
@@ -312,11 +340,15 @@ def stage(m: Motif, programs: ProgramCache, dtype: str = "float32", where: str =
     if m.pattern is not None:
         pos = {r: p for p, r in enumerate(m.ranks)}
         pattern = frozenset((pos[s], pos[d]) for s, d in m.pattern)
+    layout = _LAYOUTS.get(m.collective)
+    if layout is None:
+        raise ValueError(f"{where}: the enforcer cannot stage a {m.collective!r} motif")
+    if m.collective == "permute" and (pattern is None or len(m.regions) != 1):
+        raise ValueError(f"{where}: a permute motif needs its pairs (pattern) and exactly one region")
     plan, info = programs.get(m.collective, n, root, pattern)
     length = sum(size for _, size in m.regions[0])
-    layout = _LAYOUTS[m.collective]
     count, gather, scatter = layout(m, n, -(-length // elem), info, elem, root, pattern)
-    source = SOURCE_INPUT if m.collective == "alltoall" else SOURCE_OUTPUT
+    source = SOURCE_INPUT if m.collective in FROM_INPUT else SOURCE_OUTPUT
     return Staged(plan, count, source, tuple(map(tuple, gather)), tuple(map(tuple, scatter)))
 
 
@@ -358,8 +390,20 @@ def _alltoall(m, n, elems, info, elem, root, pattern):
     return n * block, gather, scatter
 
 
+def _permute(m, n, elems, info, elem, root, pattern):
+    """The pattern all-to-all program moves block q of position p's input to block p of position q's output
+    for every pair (p, q): the source p gathers the motif's one region (of its input) into block q, the
+    destination q scatters block p into the same region of its output. Positions in no pair move nothing."""
+    block = _pad(elems, info["i_chunks"] // n)
+    gather = [[r for q in range(n) if (p, q) in pattern for r in _local(m.regions[0], q * block * elem)]
+              for p in range(n)]
+    scatter = [[r for q in range(n) if (q, p) in pattern for r in _local(m.regions[0], q * block * elem)]
+               for p in range(n)]
+    return n * block, gather, scatter
+
+
 _LAYOUTS = {"allreduce": _shared, "broadcast": _shared, "reduce": _shared, "allgather": _allgather,
-            "reducescatter": _reducescatter, "alltoall": _alltoall}
+            "reducescatter": _reducescatter, "alltoall": _alltoall, "permute": _permute}
 
 
 # ------------------------------------------------------------------------------------------------ binding
@@ -586,6 +630,12 @@ def expected_output(op: TableOp, rank: int, iteration: int):
     elif op.collective == "allgather":
         for j, r in enumerate(op.ranks):
             out[j * block:(j + 1) * block] = ins[r][j * block:(j + 1) * block]
+    elif op.collective == "permute":  # a destination gets its source's whole input; other outputs: undefined
+        source = {d: s for s, d in op.pairs}.get(rank)
+        if source is None:
+            defined[:] = False
+        else:
+            out[:] = ins[source]
     elif op.collective == "reducescatter":
         defined[:] = False
         defined[pos * block:(pos + 1) * block] = True

@@ -64,6 +64,13 @@ each other, so only "aware" shows the cost of sharing.
 Phase boundaries that need several messages (direct allreduce, hierarchical phases) go through zero-byte
 local "join" messages (src == dst), which `simulate_transfers` runs as free local tasks; they are not counted
 as messages.
+
+Permute (XLA's collective-permute) has no algorithm to choose: every (source, destination) pair is one message
+of the whole S bytes, all sent at once (`permute_messages`, label "direct"). `permute_time` times them together
+with fair sharing ("aware") whatever the mode: the sends of one permute are simultaneous, so sources or
+destinations behind one NIC (ndv2: one NIC for 8 GPUs) really do split its bandwidth, and timing each message
+alone would call such a permute as fast as a single send. The schedule planner prices permute motifs the same
+way, so plans and simulation agree.
 """
 
 from __future__ import annotations
@@ -617,6 +624,8 @@ def _hierarchical(b: _Builder, collective: str, p: int, dims: tuple[int, ...],
 
 
 def _check_algorithm(collective: str, algorithm: str, p: int, dims: tuple[int, ...] | None) -> None:
+    if collective == "permute":  # its time depends on its pairs, which a schedule keyed on p cannot know
+        raise ValueError("a permute has no algorithm schedule: time it with permute_time(pairs, nbytes, topology)")
     if collective not in COLLECTIVES:
         raise ValueError(f"unknown collective {collective!r}; known: {', '.join(COLLECTIVES)}")
     if algorithm not in SUPPORTED:
@@ -993,6 +1002,42 @@ def transfer_time(messages: Sequence[Message], topology: Topology, mode: str = "
         start = max([m.release_us] + [finish[d] for d in m.deps])
         finish[k] = start + m.delay_us + alpha[k] + (m.nbytes / rate[k] if m.nbytes > 0 else 0.0)
     return max(finish)
+
+
+def permute_messages(pairs: Sequence[tuple[int, int]], nbytes: float) -> list[Message]:
+    """A permute as messages: `nbytes` from every source to its destination (topology ranks), no deps (all
+    at once). ValueError for pairs that are not a permutation: a negative rank, a rank sent to itself, a source
+    or a destination twice."""
+    if not nbytes >= 0:
+        raise ValueError(f"nbytes must be >= 0, got {nbytes!r}")
+    sources: set[int] = set()
+    destinations: set[int] = set()
+    for k, (src, dst) in enumerate(pairs):
+        if int(src) != src or int(dst) != dst or src < 0 or dst < 0:
+            raise ValueError(f"permute pair {k} ({src}, {dst}): ranks must be non-negative integers")
+        if src == dst:
+            raise ValueError(f"permute pair {k} ({src}, {dst}) sends rank {src} to itself")
+        if src in sources or dst in destinations:
+            twice = f"source {src}" if src in sources else f"destination {dst}"
+            raise ValueError(f"permute pair {k} ({src}, {dst}): {twice} appears twice")
+        sources.add(src)
+        destinations.add(dst)
+    return [Message(int(src), int(dst), float(nbytes), label="permute direct") for src, dst in pairs]
+
+
+def permute_time(pairs: Sequence[tuple[int, int]], nbytes: float, topology: Topology,
+                 mode: str = "aware") -> CollectiveTiming:
+    """Time of a permute: `nbytes` from every source to its destination (topology ranks), all at once.
+
+    Always `transfer_time(permute_messages(pairs, nbytes), topology, mode="aware")`: the messages share links,
+    switch ports and NICs fairly in every mode (module docstring), so `mode` is only checked. No pairs: 0 us.
+    Raises InputError when a pair has no link in the topology, ValueError for bad pairs or mode.
+    """
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}; known: {', '.join(MODES)}")
+    messages = permute_messages(pairs, nbytes)
+    time_us = transfer_time(messages, topology, mode="aware") if messages else 0.0
+    return CollectiveTiming(time_us, "direct", len(messages), float(nbytes) * len(messages))
 
 
 def closed_form_us(collective: str, algorithm: str, p: int, nbytes: float, alpha_us: float,

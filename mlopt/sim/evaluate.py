@@ -4,7 +4,8 @@ simulated through the three layers, optionally under plans.
 * Workload: the trace (`mlopt.sim.workload.from_trace`) or a synthetic spec (`--workload dp:ranks=1024,...`).
 * System: every collective of the workload timed by `mlopt.sim.collective_algorithms.collective_time` with
   the chosen algorithm (or an MSCCL-EF XML plan whose collective and rank count match), memoised per distinct
-  (collective, bytes, group).
+  (collective, bytes, group, pairs). A permute has no algorithm to choose: `permute_time` sends all its pairs'
+  messages at once, sharing links and NICs fairly whatever --mode (a permute's sends are simultaneous).
 * Network: `mlopt.sim.network`'s alpha-beta model, congestion-unaware (every message alone on its link) or
   congestion-aware (messages of one collective share links, ports and NICs fairly).
 
@@ -103,12 +104,23 @@ def check_plans_cover_workload(plans: Sequence[XmlPlan], workload) -> None:
 
 
 def make_timer(topology, options: EvaluateOptions, plans: Sequence[XmlPlan] = ()) -> Callable:
-    """The system layer as the iteration simulator calls it: item -> (duration_us, algorithm label)."""
-    from mlopt.sim.collective_algorithms import collective_time
+    """The system layer as the iteration simulator calls it: item -> (duration_us, algorithm label).
+
+    A permute ignores --algorithm, --splits, --dims and collective plans (MSCCL-EF has no permute): its pairs'
+    messages all go at once (`permute_time`)."""
+    from mlopt.sim.collective_algorithms import collective_time, permute_time
 
     def timer(item) -> tuple[float, str]:
         if len(item.group) <= 1 or item.nbytes <= 0:
             return 0.0, "none"
+        if item.collective == "permute":
+            if not item.pairs:
+                return 0.0, "none"  # a permute without pairs moves nothing
+            try:
+                timing = permute_time(item.pairs, item.nbytes, topology, mode=options.mode)
+            except ValueError as exc:
+                raise InputError(item.name or f"item {item.id}", "pairs", str(exc)) from None
+            return timing.time_us, timing.algorithm
         algorithm = options.algorithm
         plan = plan_for(plans, item.collective, len(item.group), item.nbytes)
         if plan is not None:
@@ -285,7 +297,8 @@ def classify_plans(paths: Sequence[str]) -> PlanFiles:
 
 def _motif_nbytes(m: dict) -> int:
     """A motif's size in nccl-tests' convention (per-peer collectives: all its blocks), an all-to-all part
-    scaled by the share of (source, destination) pairs its pattern moves."""
+    scaled by the share of (source, destination) pairs its pattern moves. A permute motif's one region is what
+    each of its pairs sends (its pattern says which pairs, as the item's `pairs`, not by scaling the bytes)."""
     from mlopt.planners.schedule.motifs import BLOCKED
 
     n = len(m["ranks"])
@@ -297,13 +310,22 @@ def _motif_nbytes(m: dict) -> int:
     return nbytes
 
 
+def _motif_pairs(m: dict) -> tuple[tuple[int, int], ...]:
+    """A permute motif's (source, destination) ranks, its `pattern`; () for any other motif (an all-to-all's
+    pattern only scales its bytes, `_motif_nbytes`)."""
+    if m["collective"] != "permute":
+        return ()
+    return tuple((int(a), int(b)) for a, b in m.get("pattern") or ())
+
+
 def with_schedule_plan(workload, payload: dict, source: str):
     """(workload, order): every comm item the schedule plan covers replaced by its motifs, each a comm item of
     its own (its collective over its ranks, a rooted one's root first; deps: the op's deps and the motifs it
-    follows), whatever waited for the op waiting for all of them; order: the motifs by sequence number (ties:
-    plan order), then the comm items the plan does not cover, in issue order. A plan unrolled over more
-    iterations than simulated contributes its first ones (same item ids). The simulator's collective lanes
-    (--channels) are generic: a motif is not pinned to the link class the plan gave it."""
+    follows; a permute motif's pairs: its pattern), whatever waited for the op waiting for all of them; order:
+    the motifs by sequence number (ties: plan order), then the comm items the plan does not cover, in issue
+    order. A plan unrolled over more iterations than simulated contributes its first ones (same item ids). The
+    simulator's collective lanes (--channels) are generic: a motif is not pinned to the link class the plan
+    gave it."""
     from mlopt.sim.workload import Workload, WorkItem
 
     planned = payload["options"]["iterations"]
@@ -342,7 +364,7 @@ def with_schedule_plan(workload, payload: dict, source: str):
             deps = tuple(ids[d] for d in m.get("deps", ())) or mapped(item.deps)
             made.append(WorkItem(ids[j], f"{item.name}/{m['name']}", "comm", collective=m["collective"],
                                  nbytes=_motif_nbytes(m), group=ranks, deps=deps, iteration=item.iteration,
-                                 phase="comm", layer=item.layer, source_op=item.source_op))
+                                 phase="comm", layer=item.layer, source_op=item.source_op, pairs=_motif_pairs(m)))
             keyed.append(((m["seq"], pos, j), ids[j]))
         new_items[item.id] = made
     items = []

@@ -9,7 +9,8 @@ Discrete-event, SPMD (see mlopt.sim.workload): one rank's item stream stands for
     `order`, which blocks the queue until that item is ready (in-order issue, as the Syndicate enforcer does).
     The collective holds its channel for timer(item)[0] us.
 The collective timer (the system and network layers) is injected: `timer(item) -> (duration_us, algorithm)`.
-It is called once per distinct (collective, nbytes, group), in issue order, whatever the policy.
+It is called once per distinct (collective, nbytes, group, pairs), in issue order, whatever the policy (a
+permute's time depends on which pairs it moves, not only on its group).
 
 Accounting over the makespan [0, T]: compute (lane busy), comm (union of the channels' busy time),
 overlapped = comm while compute is busy, exposed = comm while compute is idle, idle = neither. So
@@ -192,13 +193,13 @@ def _check_order(workload: Workload, order: tuple[int, ...], pos: dict[int, int]
 
 
 def _comm_costs(items: tuple[WorkItem, ...], timer: CollectiveTimer) -> dict[int, tuple[float, str]]:
-    """(duration, algorithm) of every comm item, one timer call per distinct (collective, nbytes, group)."""
-    memo: dict[tuple[str, int, tuple[int, ...]], tuple[float, str]] = {}
+    """(duration, algorithm) of every comm item, one timer call per distinct (collective, nbytes, group, pairs)."""
+    memo: dict[tuple[str, int, tuple[int, ...], tuple[tuple[int, int], ...]], tuple[float, str]] = {}
     costs = {}
     for it in items:
         if it.kind != COMM:
             continue
-        key = (it.collective, it.nbytes, it.group)
+        key = (it.collective, it.nbytes, it.group, it.pairs)
         if key not in memo:
             us, algorithm = timer(it)
             us = float(us)

@@ -6,7 +6,9 @@ them). Compute items run on one in-order compute stream; comm items are collecti
 of the issuing rank's process group as the representative rank 0 sees it (workload ranks 0..world-1). In the
 synthetic generators every other rank's group of the same kind is congruent (same size, same shape shifted),
 so rank 0's timing stands for all; whether congruent groups contend for links is the collective timer's
-business. The generators leave out collectives over a single rank (they move nothing).
+business. The generators leave out collectives over a single rank (they move nothing). A permute (XLA's
+collective-permute) also carries its (source, destination) `pairs` in workload ranks, members of `group`:
+each source sends its whole `nbytes` buffer to its destination.
 
 Dependencies. `deps` lists the items that must finish before an item may start. Iterations are chained by
 `chain`, which repeats one iteration's items and links iteration k+1 to iteration k:
@@ -29,10 +31,11 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from mlopt.errors import InputError
-from mlopt.formats.trace import ModelTrace, Op
+from mlopt.formats.trace import ModelTrace, Op, pairs_problem
 
 COMPUTE, COMM = "compute", "comm"
-WORKLOAD_COLLECTIVES = ("allreduce", "allgather", "reducescatter", "alltoall", "broadcast", "reduce", "barrier")
+WORKLOAD_COLLECTIVES = ("allreduce", "allgather", "reducescatter", "alltoall", "broadcast", "reduce", "barrier",
+                        "permute")
 WORKLOAD_KINDS = ("dp", "mp", "hybrid", "fsdp")
 
 
@@ -42,22 +45,29 @@ class WorkItem:
     name: str
     kind: str  # "compute" | "comm"
     duration_us: float = 0.0  # compute
-    collective: str = ""  # comm: allreduce | allgather | reducescatter | alltoall | broadcast | reduce
-    nbytes: int = 0  # comm: nccl-tests' convention (allreduce: the buffer; allgather/reducescatter: the total)
+    collective: str = ""  # comm: one of WORKLOAD_COLLECTIVES
+    # comm: nccl-tests' convention (allreduce: the buffer; allgather/reducescatter: the total; permute: the bytes
+    # each source sends)
+    nbytes: int = 0
     group: tuple[int, ...] = ()  # comm: ranks of the process group (workload ranks 0..world-1)
     deps: tuple[int, ...] = ()  # items that must finish first
     iteration: int = 0
     phase: str = ""  # "forward" | "backward" | "weight_grad" | "optimizer" | "other" | "comm"
     layer: str = ""  # layer/op name for reports
     source_op: int | None = None  # trace op id it came from
+    # permute: (source, destination) workload ranks, members of `group` (last field: positional callers keep working)
+    pairs: tuple[tuple[int, int], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        d: dict[str, Any] = {
             "id": self.id, "name": self.name, "kind": self.kind, "duration_us": self.duration_us,
             "collective": self.collective, "nbytes": self.nbytes, "group": list(self.group),
             "deps": list(self.deps), "iteration": self.iteration, "phase": self.phase, "layer": self.layer,
             "source_op": self.source_op,
         }
+        if self.pairs:  # only then, so every other item's dict stays as it was
+            d["pairs"] = [list(p) for p in self.pairs]
+        return d
 
 
 @dataclass(frozen=True)
@@ -198,16 +208,29 @@ def _comm_item(op: Op, index: int, groups: dict[str, tuple[int, ...]], world: in
         raise InputError(source, f"{where}.group", f"op {op.id} ({op.name}): process group {comm.group!r} "
                          f"names ranks {bad} outside 0..{world - 1}")
     return WorkItem(index, op.name, COMM, collective=comm.collective, nbytes=int(comm.bytes), group=ranks,
-                    phase=COMM, layer=op.name, source_op=op.id)
+                    phase=COMM, layer=op.name, source_op=op.id, pairs=_global_pairs(op, index, ranks, source))
+
+
+def _global_pairs(op: Op, index: int, ranks: tuple[int, ...], source: str) -> tuple[tuple[int, int], ...]:
+    """A permute's pairs as workload ranks: the trace gives group positions, the workload (and the timer, which
+    sends messages between topology ranks) needs the ranks at those positions. () for other collectives.
+
+    Checked again here (validate_trace already did on load) because a trace built in memory skips the loader."""
+    comm = op.comm
+    problem = pairs_problem(comm.collective, comm.pairs, len(ranks))
+    if problem:
+        raise InputError(source, f"$.ops[{index}].comm.pairs", f"op {op.id} ({op.name}): {problem}")
+    return tuple((ranks[s], ranks[d]) for s, d in comm.pairs or ())
 
 
 def from_trace(trace: ModelTrace, iterations: int = 1, *, source: str = "trace.json") -> Workload:
     """One rank's traced step as a workload: ops in trace order, item ids 0..n-1 (source_op: the op id).
 
     Comm ops become comm items over their process group (their measured host time is ignored: the collective
-    timer prices them); every other op (forward, backward, optimizer, other) becomes a compute item of its
-    default implementation's compute_us, phase = its role. Deps: tensor hazards (`_hazard_deps`) plus the
-    trace's `deps` edges; loop-carried edges come from the same hazards across the iteration boundary."""
+    timer prices them; a permute's pairs go from group positions to the ranks at them); every other op
+    (forward, backward, optimizer, other) becomes a compute item of its default implementation's compute_us,
+    phase = its role. Deps: tensor hazards (`_hazard_deps`) plus the trace's `deps` edges; loop-carried edges
+    come from the same hazards across the iteration boundary."""
     groups = {g.name: tuple(g.ranks) for g in trace.process_groups}
     world = max(1, trace.world_size)
     items = []

@@ -8,8 +8,8 @@ payload; `deps` make the list a DAG (always listed in a topological order).
 
 Buffer model (used by the motifs' regions and by the verifier `implements`). Every rank holds two
 buffers of `nbytes` bytes in the op's coordinates: `in` (the op's input) and `out`. The output starts as
-a copy of the input (in-place semantics), every motif but all-to-all works in place on `out`, and
-all-to-all reads `in` and writes `out` (an in-place splined all-to-all would race on itself). For the
+a copy of the input (in-place semantics), every motif but all-to-all and permute works in place on
+`out`, and those two read `in` and write `out` (an in-place splined all-to-all would race on itself). For the
 collectives whose payload is per peer (alltoall, allgather, reducescatter) the buffer is N blocks of
 B = nbytes / N bytes, block j belonging to the rank at position j of `ranks`: allgather's input of rank
 j sits in block j; reducescatter's result for rank j goes to block j (nccl's in-place layout); alltoall's
@@ -33,6 +33,11 @@ of n ranks in the given order, n must divide the number of ranks):
 * splining broadcast (Fig. 9): N/n parallel broadcasts from the root, each to one group.
 * splining reduce (the convergent half of the tree all-reduce): RE within each group to its leader
   (the root in the root's group, the first rank elsewhere) || -> RE over the leaders to the root.
+* collective-permute (XLA's; "permute"): every source sends its `in` to its destination's `out`, for
+  the op's (source, destination) `pairs` (each source and destination once); the motif's `pattern` holds
+  the pairs it moves. Segmentation as above; splining splits the pairs by groups of n ranks, motif c
+  moving those whose destination group is the source's + c (mod N/n), in parallel (as the all-to-all's
+  group splining). A rank that is no destination has an undefined output.
 * splining allgather / reducescatter (not in A.1; the 2-D hierarchical form "over sub-groups, then
   across"): AG within each group || -> AG across groups between same-index members ||; reducescatter is
   the mirror, RS across groups || -> RS within each group ||.
@@ -45,9 +50,10 @@ from dataclasses import dataclass, replace
 from math import gcd
 from typing import Callable, Iterable
 
-COLLECTIVES = ("allreduce", "alltoall", "allgather", "reducescatter", "broadcast", "reduce")
+COLLECTIVES = ("allreduce", "alltoall", "allgather", "reducescatter", "broadcast", "reduce", "permute")
 ROOTED = frozenset({"broadcast", "reduce"})
 BLOCKED = frozenset({"alltoall", "allgather", "reducescatter"})  # payload per peer: one region per position
+PATTERNED = frozenset({"alltoall", "permute"})  # motifs that may move only some (source, destination) pairs
 
 Range = tuple[int, int]  # (offset, length) in bytes of the op's buffer
 Region = tuple[Range, ...]
@@ -61,9 +67,15 @@ class CommOp:
     nbytes: int
     ranks: tuple[int, ...]
     root: int | None = None  # broadcast / reduce only; defaults to ranks[0]
+    pairs: tuple[tuple[int, int], ...] | None = None  # permute only: (source, destination) ranks
 
     def __post_init__(self):
         object.__setattr__(self, "ranks", tuple(self.ranks))
+        if self.pairs is not None:
+            object.__setattr__(self, "pairs", tuple((int(s), int(d)) for s, d in self.pairs))
+        problem = _pairs_problem(self.collective, self.pairs, self.ranks)
+        if problem:
+            raise ValueError(problem)
         if self.collective not in COLLECTIVES:
             raise ValueError(f"unknown collective {self.collective!r}; expected one of {COLLECTIVES}")
         if not self.ranks or len(set(self.ranks)) != len(self.ranks):
@@ -88,6 +100,26 @@ class CommOp:
         return self.nbytes // len(self.ranks) if self.collective in BLOCKED else self.nbytes
 
 
+def _pairs_problem(collective: str, pairs, ranks: tuple[int, ...]) -> str:
+    """Why `pairs` cannot be a comm-op's permutation ("" when it can): a permute needs a non-empty list of
+    (source, destination) members of `ranks`, source != destination, each source and each destination once;
+    other collectives take none."""
+    if collective != "permute":
+        return "" if pairs is None else f"{collective} takes no pairs (only permute does)"
+    if not pairs:
+        return "permute needs a non-empty tuple of (source, destination) pairs"
+    members = set(ranks)
+    if any(s not in members or d not in members for s, d in pairs):
+        return f"permute pairs {pairs} name ranks outside {ranks}"
+    if any(s == d for s, d in pairs):
+        return f"permute pairs {pairs} send a rank to itself"
+    for side, name in ((0, "source"), (1, "destination")):
+        seen = [p[side] for p in pairs]
+        if len(set(seen)) != len(seen):
+            return f"permute pairs {pairs} name a {name} twice"
+    return ""
+
+
 @dataclass(frozen=True)
 class Motif:
     """A smaller collective of a decomposition; `deps` index earlier motifs of the same list."""
@@ -98,7 +130,8 @@ class Motif:
     root: int | None = None
     stage: int = 0  # longest dependency path from a source of the DAG
     deps: tuple[int, ...] = ()
-    pattern: tuple[tuple[int, int], ...] | None = None  # alltoall only: (src, dst) pairs; None = all
+    # alltoall: the (src, dst) pairs it moves, None = all; permute: always its (src, dst) pairs
+    pattern: tuple[tuple[int, int], ...] | None = None
 
     @property
     def length(self) -> int:
@@ -166,7 +199,7 @@ def as_motif(op: CommOp) -> Motif:
         regions = tuple(((j * op.block, op.block),) for j in range(len(op.ranks)))
     else:
         regions = (((0, op.nbytes),),)
-    return Motif(op.collective, op.ranks, regions, op.root)
+    return Motif(op.collective, op.ranks, regions, op.root, pattern=op.pairs)
 
 
 def _staged(stages: list[list[Motif]]) -> list[Motif]:
@@ -342,6 +375,29 @@ def hierarchical_allreduce_motif(m: Motif, n: int) -> list[Motif]:
     return _staged([within_rs, across, within_ag]) or [replace(m, deps=())]
 
 
+def _group_offset_pairs(m: Motif, n: int, pairs) -> list[tuple[tuple[int, int], ...]]:
+    """`pairs` split by the offset c = (destination group - source group) mod G of groups of n consecutive
+    ranks, c = 0..G-1 (empty classes left out): c = 0 stays inside every group, the others cross groups."""
+    groups = _groups(m.ranks, n)
+    group_of = {r: k for k, g in enumerate(groups) for r in g}
+    classes = [tuple(p for p in pairs if (group_of[p[1]] - group_of[p[0]]) % len(groups) == c)
+               for c in range(len(groups))]
+    return [c for c in classes if c]
+
+
+def spline_permute_motif(m: Motif, n: int) -> list[Motif]:
+    """Splined collective-permute (the all-to-all's group splining applied to a permutation): with groups of
+    n consecutive ranks, motif c moves the pairs whose destination group is the source's group + c (mod G),
+    all in parallel, over the ranks of those pairs only; c = 0 stays inside the groups (e.g. NVLink), the
+    others cross them (e.g. RDMA)."""
+    _expect(m, "permute")
+    out = []
+    for part in _group_offset_pairs(m, n, m.pattern):
+        members = {r for pair in part for r in pair}  # only the ranks that send or receive take part
+        out.append(replace(m, ranks=tuple(r for r in m.ranks if r in members), pattern=part, deps=()))
+    return _restage(out)
+
+
 def group_spline_alltoall_motif(m: Motif, n: int) -> list[Motif]:
     """Splined all-to-all by whole groups (the node-aligned form of §4.2.1's splining): with G = N/n groups
     of n consecutive ranks, motif c carries the pairs whose destination group is the source's group + c
@@ -370,8 +426,10 @@ def spline_motif(m: Motif, n: int, recursive: bool = False) -> list[Motif]:
         return tree_allreduce_motif(m, n, recursive)
     if m.collective == "alltoall":
         return _spline_alltoall(m, n)
+    if m.collective == "permute":
+        return spline_permute_motif(m, n)
     if m.pattern is not None:
-        raise ValueError(f"only alltoall motifs carry a pattern, got one on {m.collective}")
+        raise ValueError(f"only alltoall and permute motifs carry a pattern, got one on {m.collective}")
     if m.collective == "reduce":
         return _spline_reduce(m, n)
     if m.collective == "broadcast":
@@ -460,10 +518,14 @@ def _motif_errors(op: CommOp, i: int, m: Motif) -> list[str]:
             if off < 0 or length <= 0 or off + length > op.nbytes:
                 errs.append(f"{where}: range ({off}, {length}) is outside [0, {op.nbytes})")
     if m.pattern is not None:
-        if m.collective != "alltoall":
-            errs.append(f"{where}: only alltoall motifs carry a pattern")
+        if m.collective not in PATTERNED:
+            errs.append(f"{where}: only alltoall and permute motifs carry a pattern")
         elif not all(s in m.ranks and t in m.ranks for s, t in m.pattern):
             errs.append(f"{where}: pattern pairs outside its ranks")
+        elif m.collective == "permute" and not set(m.pattern) <= set(op.pairs or ()):
+            errs.append(f"{where}: moves pairs {sorted(set(m.pattern) - set(op.pairs or ()))} that are not the op's")
+    elif m.collective == "permute":
+        errs.append(f"{where}: a permute motif needs its (source, destination) pattern")
     if any(not 0 <= d < 10**9 for d in m.deps):
         errs.append(f"{where}: bad deps {m.deps}")
     return errs
@@ -506,6 +568,11 @@ def _transfers(m: Motif, g: int):
                 if not (m.collective == "broadcast" and r == m.root):
                     yield r, "out", e, sources
         return
+    if m.collective == "permute":  # the source's `in` bytes to the same bytes of the destination's `out`
+        for s, t in m.pattern:
+            for e in _elements(m.regions[0], g):
+                yield t, "out", e, [(s, "in", e)]
+        return
     blocks = [_elements(region, g) for region in m.regions]
     if m.collective == "alltoall":
         pos = {r: p for p, r in enumerate(ranks)}
@@ -542,6 +609,9 @@ def _expected(op: CommOp, rank: int, e: int, g: int) -> Counter | None:
         return Counter([(op.root, e)])
     if op.collective == "reduce":
         return everyone if rank == op.root else None
+    if op.collective == "permute":  # a rank that is no destination: undefined
+        source = next((s for s, d in op.pairs if d == rank), None)
+        return None if source is None else Counter([(source, e)])
     j, o = divmod(e, block)
     if op.collective == "allgather":
         return Counter([(op.ranks[j], e)])

@@ -104,6 +104,8 @@ def comm_op_rows(problem: ScheduleProblem, result: search.SearchResult) -> list[
         op = problem.ops.get(task.id)
         collective = {} if op is None else {"collective": op.collective, "nbytes": op.nbytes,
                                             "ranks": list(op.ranks), "root": op.root}
+        if op is not None and op.pairs is not None:
+            collective["pairs"] = [list(p) for p in op.pairs]
         rows.append({"id": task.id, "name": task.name, "iteration": task.iteration, **collective,
                      "option": option, "plan": plan.label, "motifs": motifs})
     return rows

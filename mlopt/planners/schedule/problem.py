@@ -33,6 +33,9 @@ then, each kept only when every motif can be timed and it differs from the optio
   alone (only when at least two do; none do in the presets, where IB links only join different nodes);
 * ``spline{n}``: `motifs.spline` with group size n (allreduce: the tree RE || -> AR -> BC ||);
 * ``ringAR`` (allreduce: RS -> AG), ``treeAR2`` (recursive binary tree), ``seg2.spline{n}``.
+A collective-permute is timed like an all-to-all: its pairs' messages at once, mode "aware", on each single
+channel that links every pair and on the whole topology; its ``spline{n}`` splits the pairs into those
+inside groups of n ranks and those crossing them (motifs.spline_permute_motif).
 Default spline sizes: the op's ranks per node when the op spans several nodes in whole-node runs, then 2.
 """
 
@@ -188,7 +191,37 @@ class _Timer:
     def motif(self, m: Motif, channel: str | None = None) -> Timed | None:
         if m.collective == "alltoall":
             return self.alltoall(m, channel)
+        if m.collective == "permute":
+            return self.permute(m, channel)
         return self.best(m.collective, m.ranks, m.nbytes, channel=channel)
+
+    def permute(self, m: Motif, channel: str | None = None) -> Timed | None:
+        """A collective-permute (or a splined part of it): every pair's `length` bytes sent directly and at
+        once, timed in mode "aware" like the all-to-all (its sends share NICs and switch ports). Cost tables
+        have no permute curves: always alpha-beta."""
+        pairs = tuple(sorted(m.pattern or ()))
+        key = ("permute", pairs, m.length, channel)
+        if key not in self.memo:
+            self.memo[key] = self._direct(pairs, m.length, channel)
+        return self.memo[key]
+
+    def _direct(self, pairs: tuple[tuple[int, int], ...], length: int, channel: str | None) -> Timed | None:
+        """Fastest of the single channels (channel None or that one) and the whole topology (None or "*")
+        that link every pair; None when none does."""
+        messages = [Message(a, b, float(length)) for a, b in pairs]
+        targets = [(c, topo) for c, topo in self.channels.items() if channel in (None, c)]
+        if channel in (None, "*"):
+            targets.append((None, self.topology))
+        best: Timed | None = None
+        for c, topo in targets:
+            links = {(l.src, l.dst) for l in topo.links}
+            if any(p not in links for p in pairs):
+                continue
+            t = transfer_time(messages, topo, mode="aware")
+            if best is None or t < best.duration_us:
+                chans = frozenset([c]) if c is not None else frozenset(self.link_class[p] for p in pairs)
+                best = Timed(t, chans, "direct")
+        return best
 
     def alltoall(self, m: Motif, channel: str | None = None) -> Timed | None:
         """An all-to-all (or a splined part of one: its `pattern`) as NCCL runs it, every pair's block sent
@@ -322,6 +355,11 @@ def motif_candidates(op: CommOp, topology: Topology, channels: dict[str, Topolog
     default = timer.motif(whole, "*")
     if default is None:
         default = timer.best(op.collective, op.ranks, op.nbytes, channel="*")
+    if default is None and op.collective == "permute":
+        linked = {(l.src, l.dst) for l in topology.links}
+        missing = [p for p in op.pairs if p not in linked]
+        raise InputError("<topology>", "links", f"permute pair {missing[0][0]}->{missing[0][1]}: topology "
+                         f"{topology.name!r} has no link between them (a permute sends directly)")
     if default is None:
         raise InputError("<topology>", "links", f"{op.collective} over ranks {op.ranks}: no algorithm can run "
                          f"on topology {topology.name!r} (missing links)")
@@ -394,7 +432,8 @@ def schedule_problem(workload, topology: Topology, *, mode: str = "unaware", sou
     """ScheduleProblem of an (already unrolled) workload on a topology.
 
     Compute items become compute tasks; comm items comm tasks with `motif_options` (memoised per
-    (collective, nbytes, group)); a comm item over one rank (or of 0 bytes) a compute task of 0 us.
+    (collective, nbytes, group, pairs)); a comm item over one rank, of 0 bytes or a permute without pairs
+    a compute task of 0 us.
     Raises InputError(source, ...) naming the op and the rank when a group has a rank outside the topology.
     """
     channels = channels_of(topology)
@@ -418,15 +457,19 @@ def schedule_problem(workload, topology: Topology, *, mode: str = "unaware", sou
                 raise InputError(source, f"items[{it.id}].group",
                                  f"comm op {it.name!r} ({it.collective}) uses rank {r}, but topology "
                                  f"{topology.name!r} has ranks 0..{topology.num_ranks - 1}")
-        if len(group) <= 1 or it.nbytes <= 0:
-            tasks.append(Task(it.id, "compute", 0.0, deps, it.name, it.iteration))
+        pairs = tuple((int(s), int(d)) for s, d in it.pairs) or None
+        if len(group) <= 1 or it.nbytes <= 0 or (it.collective == "permute" and pairs is None):
+            tasks.append(Task(it.id, "compute", 0.0, deps, it.name, it.iteration))  # moves nothing
             continue
-        key = (it.collective, int(it.nbytes), group)
+        key = (it.collective, int(it.nbytes), group, pairs)
         if key not in memo:
             nbytes = int(it.nbytes)
             if it.collective in M.BLOCKED and nbytes % len(group):
                 nbytes += len(group) - nbytes % len(group)  # round up to whole blocks
-            op = CommOp(it.collective, nbytes, group)
+            try:
+                op = CommOp(it.collective, nbytes, group, pairs=pairs)
+            except ValueError as exc:
+                raise InputError(source, f"items[{it.id}].pairs", f"comm op {it.name!r}: {exc}") from None
             candidates = motif_candidates(op, topology, channels, segments=segments, splines=splines, mode=mode,
                                           _timer=timer)
             memo[key] = op, tuple(c.plan for c in candidates), tuple(c.parts for c in candidates)

@@ -230,7 +230,7 @@ def _segmentation_only(problem: ScheduleProblem, tid: int, k: int) -> bool:
     if tid not in problem.decompositions or tid not in problem.ops:
         return True
     op = problem.ops[tid]
-    return all(m.collective == op.collective and tuple(m.ranks) == tuple(op.ranks) and m.pattern is None
+    return all(m.collective == op.collective and tuple(m.ranks) == tuple(op.ranks) and m.pattern == op.pairs
                for run in problem.decompositions[tid][k] for m in run)
 
 
