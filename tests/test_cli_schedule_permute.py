@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.synthetic_trace import TraceBuilder
+
 WORLD = 16  # dgx-a100x2: two nodes of 8, nvswitch inside, ib between
 TOPOLOGY = "dgx-a100x2"
 
@@ -15,37 +17,24 @@ TOPOLOGY = "dgx-a100x2"
 def _pipeline_trace(path: Path) -> Path:
     """A ring of pipeline-like stages: each rank computes, sends its activations to the next rank (permute),
     computes on what it received, and the gradients go back to the previous rank (the inverse permute)."""
-    tensors, ops = [], []
-
-    def tensor(nbytes: int, kind: str = "activation") -> int:
-        tensors.append({"bytes": nbytes, "dtype": "float32", "id": len(tensors), "kind": kind, "shape": [nbytes // 4]})
-        return len(tensors) - 1
-
-    def op(name, role, us, inputs, outputs, comm=None) -> None:
-        ops.append({"comm": comm, "deps": [], "forward_op": None, "id": len(ops), "name": name, "role": role,
-                    "implementations": [{"compute_us": us, "name": "default", "workspace_bytes": 0}],
-                    "inputs": inputs, "outputs": outputs})
-
     forward = [(i, (i + 1) % WORLD) for i in range(WORLD)]
     backward = [(d, s) for s, d in forward]
-    w, x = tensor(1 << 20, "parameter"), tensor(1 << 18, "input")
-    a, recv = tensor(1 << 18), tensor(1 << 18)
-    op("stage fwd", "forward", 400.0, [x, w], [a])
-    op("send activations", "comm", 5.0, [a], [recv],
-       {"collective": "permute", "bytes": 1 << 18, "group": "world", "pairs": [list(p) for p in forward]})
-    y, g, g_back = tensor(1 << 18), tensor(1 << 18, "gradient"), tensor(1 << 18, "gradient")
-    op("next stage fwd", "forward", 400.0, [recv, w], [y])
-    op("stage bwd", "backward", 800.0, [y, w], [g])
-    op("send gradients", "comm", 5.0, [g], [g_back],
-       {"collective": "permute", "bytes": 1 << 18, "group": "world", "pairs": [list(p) for p in backward]})
-    wg = tensor(1 << 20, "gradient")
-    op("weight grad", "backward", 600.0, [g_back, x], [wg])
-    op("allreduce grads", "comm", 5.0, [wg], [wg], {"collective": "allreduce", "bytes": 1 << 20, "group": "world"})
-    op("sgd", "optimizer", 50.0, [wg, w], [w])
-    path.write_text(json.dumps({"format": "mlopt.trace", "name": "ring-pipeline", "rank": 0, "schema_version": "1.1",
-                                "world_size": WORLD, "process_groups": [{"name": "world", "ranks": list(range(WORLD))}],
-                                "ops": ops, "tensors": tensors, "source": {"importer": "synthetic"}}))
-    return path
+    b = TraceBuilder()
+    w, x = b.tensor(1 << 20, "parameter"), b.tensor(1 << 18, "input")
+    a, recv = b.tensor(1 << 18), b.tensor(1 << 18)
+    b.op("stage fwd", "forward", 400.0, [x, w], [a])
+    b.op("send activations", "comm", 5.0, [a], [recv],
+         {"collective": "permute", "bytes": 1 << 18, "group": "world", "pairs": [list(p) for p in forward]})
+    y, g, g_back = b.tensor(1 << 18), b.tensor(1 << 18, "gradient"), b.tensor(1 << 18, "gradient")
+    b.op("next stage fwd", "forward", 400.0, [recv, w], [y])
+    b.op("stage bwd", "backward", 800.0, [y, w], [g])
+    b.op("send gradients", "comm", 5.0, [g], [g_back],
+         {"collective": "permute", "bytes": 1 << 18, "group": "world", "pairs": [list(p) for p in backward]})
+    wg = b.tensor(1 << 20, "gradient")
+    b.op("weight grad", "backward", 600.0, [g_back, x], [wg])
+    b.op("allreduce grads", "comm", 5.0, [wg], [wg], {"collective": "allreduce", "bytes": 1 << 20, "group": "world"})
+    b.op("sgd", "optimizer", 50.0, [wg, w], [w])
+    return b.write(path, "ring-pipeline", WORLD, group="world", schema_version="1.1")
 
 
 @pytest.fixture(scope="module")

@@ -8,42 +8,31 @@ from pathlib import Path
 
 import pytest
 
+from tests.synthetic_trace import TraceBuilder
+
 SYSTEMS = ("fifo", "bs+", "hand", "s-exec", "s-sched", "syndicate")
 FILES = ("fifo", "bs-plus", "hand", "s-exec", "s-sched", "syndicate")
 
 
 def _dp_trace(path: Path, layers: int = 6, world: int = 16) -> Path:
     """A synthetic data-parallel step: forward, backward with one collective per layer's gradient, optimizer."""
-    tensors, ops = [], []
-
-    def tensor(nbytes: int, kind: str = "activation") -> int:
-        tensors.append({"bytes": nbytes, "dtype": "float32", "id": len(tensors), "kind": kind, "shape": [nbytes // 4]})
-        return len(tensors) - 1
-
-    def op(name, role, us, inputs, outputs, comm=None) -> None:
-        ops.append({"comm": comm, "deps": [], "forward_op": None, "id": len(ops), "name": name, "role": role,
-                    "implementations": [{"compute_us": us, "name": "default", "workspace_bytes": 0}],
-                    "inputs": inputs, "outputs": outputs})
-
-    weights = [tensor((1 << 20) * (1 + i % 4), "parameter") for i in range(layers)]
-    acts = [tensor(1 << 16, "input")]
+    b = TraceBuilder()
+    weights = [b.tensor((1 << 20) * (1 + i % 4), "parameter") for i in range(layers)]
+    acts = [b.tensor(1 << 16, "input")]
     for i in range(layers):
-        acts.append(tensor(1 << 16))
-        op(f"fwd{i}", "forward", 300 + 40 * (i % 3), [acts[i], weights[i]], [acts[-1]])
-    grad, grads = tensor(1 << 16), {}
+        acts.append(b.tensor(1 << 16))
+        b.op(f"fwd{i}", "forward", 300 + 40 * (i % 3), [acts[i], weights[i]], [acts[-1]])
+    grad, grads = b.tensor(1 << 16), {}
     for i in reversed(range(layers)):
-        grads[i], nxt = tensor((1 << 20) * (1 + i % 4), "gradient"), tensor(1 << 16)
-        op(f"bwd{i}", "backward", 600 + 80 * (i % 3), [grad, acts[i], weights[i]], [grads[i], nxt])
+        grads[i], nxt = b.tensor((1 << 20) * (1 + i % 4), "gradient"), b.tensor(1 << 16)
+        b.op(f"bwd{i}", "backward", 600 + 80 * (i % 3), [grad, acts[i], weights[i]], [grads[i], nxt])
         grad = nxt
         collective = "allreduce" if i % 3 else "allgather"
-        op(f"{collective}{i}", "comm", 10.0, [grads[i]], [grads[i]],
-           {"bytes": tensors[grads[i]]["bytes"] * 6, "collective": collective, "group": "0"})
+        b.op(f"{collective}{i}", "comm", 10.0, [grads[i]], [grads[i]],
+             {"bytes": b.tensors[grads[i]]["bytes"] * 6, "collective": collective, "group": "0"})
     for i in range(layers):
-        op(f"sgd{i}", "optimizer", 50, [grads[i], weights[i]], [weights[i]])
-    path.write_text(json.dumps({"format": "mlopt.trace", "name": "dp", "rank": 0, "schema_version": "1.0",
-                                "world_size": world, "process_groups": [{"name": "0", "ranks": list(range(world))}],
-                                "ops": ops, "tensors": tensors, "source": {"importer": "synthetic"}}))
-    return path
+        b.op(f"sgd{i}", "optimizer", 50, [grads[i], weights[i]], [weights[i]])
+    return b.write(path, "dp", world)
 
 
 @pytest.fixture(scope="module")
