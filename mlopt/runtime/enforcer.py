@@ -7,12 +7,14 @@ docs/enforcer.md). This module
 * turns a schedule plan's payload (`mlopt plan schedule`) into a `MotifTable`: the comm-ops of one unrolled
   training iteration, numbered by submission order, each split into motifs with dense sequence numbers
   (`MotifTable.from_plan`), or the FIFO baseline where every op is one motif on every channel
-  (`MotifTable.fifo`);
+  (`MotifTable.fifo`), or the plan's steady-state period with the next iteration's prefetched comm-ops and the
+  prologue run once before it (`MotifTable.steady_state`);
 * makes an MSCCL-EF program per motif (`ProgramCache`: the ring baseline lowered for a fully connected
   topology of the motif's size, or a direct send/receive program for a splined all-to-all's pattern or a
   permute's (source, destination) pairs) and the staging layout that maps the op's buffers onto the
   program's buffers (`stage`);
-* runs a "real iteration" with one Python thread per rank acting as the application (`run_iteration_harness`).
+* runs a "real iteration" with one Python thread per rank acting as the application (`run_iteration_harness`;
+  a steady-state period after its prologue, items from `period_items`).
 
 Buffer model (mlopt/planners/schedule/motifs.py): every rank holds an input and an output buffer of the op's
 `nbytes`; the output starts as the input, every motif but all-to-all and permute works in place on the output,
@@ -23,11 +25,12 @@ padding is zero and never scattered back).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import threading
 import time
-from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Iterable, Mapping, NamedTuple, Sequence
 
 from mlopt.planners.schedule.motifs import BLOCKED, ROOTED, CommOp, Motif, as_motif
 from mlopt.runtime import native
@@ -67,9 +70,21 @@ class TableOp:
     root: int | None
     motifs: tuple[TableMotif, ...]
     pairs: tuple[tuple[int, int], ...] = ()  # permute only: (source, destination) global ranks
+    # Steady-state period tables (`MotifTable.steady_state`): 0 = the op carries the period's own iteration's
+    # data, 1 = the next iteration's (a prefetch: submitted in period k with iteration k+1's data).
+    offset: int = 0
+    # The op's place among its iteration's comm-ops (plan row order, = `from_plan`'s index): its identity
+    # across tables whose indices differ (prologue, period). None: `index`.
+    position: int | None = None
 
     def involves(self, rank: int) -> bool:
         return any(rank in m.motif.ranks for m in self.motifs)
+
+    @property
+    def data_key(self) -> int:
+        """The op number its data is keyed by (`input_values`): its position in the iteration, so a prologue's
+        op and the period's op it stands for get the same inputs and expected outputs."""
+        return self.index if self.position is None else self.position
 
 
 @dataclass(frozen=True)
@@ -85,17 +100,8 @@ class MotifTable:
         """The comm-ops of unrolled iteration `iteration` of a schedule plan's payload, numbered 0..ops-1 in
         list (issue) order, their motifs' seqs renumbered densely from 0 (order and ties kept)."""
         channels, rows = _plan_rows(payload, iteration)
-        dense = {s: i for i, s in enumerate(sorted({int(m["seq"]) for row in rows for m in row["motifs"]}))}
-        ops = []
-        for index, row in enumerate(rows):
-            where = f"comm-op {row.get('name') or row.get('id')} (op {index})"
-            motifs = tuple(
-                TableMotif(index, k, dense[int(m["seq"])], _motif_of(m, f"{where} motif {k}"),
-                           _mask(m.get("channels") or [], channels, f"{where} motif {k}"), str(m.get("name", "")))
-                for k, m in enumerate(row["motifs"]))
-            if not motifs:
-                raise ValueError(f"{where} has no motifs")
-            ops.append(_table_op(index, row, motifs))
+        dense = _dense_seqs(rows)
+        ops = [_planned_op(index, row, dense, channels, position=index) for index, row in enumerate(rows)]
         return cls(tuple(ops), channels, nranks or _nranks(ops))
 
     @classmethod
@@ -108,8 +114,60 @@ class MotifTable:
         for index, row in enumerate(rows):
             op = _comm_op(row)
             motif = TableMotif(index, 0, index, as_motif(op), every, f"{row.get('name', '')}:fifo")
-            ops.append(_table_op(index, row, (motif,)))
+            ops.append(_table_op(index, row, (motif,), position=index))
         return cls(tuple(ops), channels, nranks or _nranks(ops))
+
+    @classmethod
+    def steady_state(cls, payload: Mapping[str, Any], nranks: int | None = None,
+                     iteration: int = 0) -> "SteadyState":
+        """The plan's steady-state period and its prologue, from unrolled iterations `iteration` (i) and i+1.
+
+        Rows of the two iterations correspond by position (the k-th comm-op of each, in row order; name,
+        collective, bytes, ranks, root and pairs must match, else ValueError). An iteration-(i+1) op is
+        *prefetched* when every one of its motifs has a seq at most the largest seq of iteration i: the plan
+        issues it before (or together with) iteration i's last motif, i.e. during iteration i (see
+        `prefetched_positions`). The period holds, per position, the iteration-i op (offset 0) or, when its
+        counterpart is prefetched, the iteration-(i+1) op (offset 1: the application submits it with the NEXT
+        iteration's data), numbered 0.. in the plan's seq order (first motif's seq, then position), seqs
+        renumbered densely over the period (order and ties kept), each op's motifs as planned for the
+        iteration it was taken from. The prologue holds the iteration-i ops of the prefetched positions
+        (offset 0, seqs dense in their plan order): what must run once before the first period; None when
+        nothing is prefetched (the period is then iteration i's ops in seq order, `from_plan(payload, i)` up
+        to renumbering). Every op keeps its `position`, so prologue and period ops of one position share
+        their data (`TableOp.data_key`). Both tables have the same nranks (the union of their ranks).
+        """
+        channels, first = _plan_rows(payload, iteration)
+        _, second = _plan_rows(payload, iteration + 1)
+        _check_counterparts(first, second, iteration)
+        ahead = prefetched_positions(first, second)
+        period_rows = [(second[p], 1) if p in ahead else (first[p], 0) for p in range(len(first))]
+        period = _ordered_ops(period_rows, channels)
+        prologue = _ordered_ops([(first[p], 0) if p in ahead else None for p in range(len(first))], channels)
+        n = nranks or _nranks(period + prologue)
+        return SteadyState(cls(period, channels, n), cls(prologue, channels, n) if prologue else None)
+
+
+class SteadyState(NamedTuple):
+    """`MotifTable.steady_state`: the table every period repeats and the one run once before the first."""
+
+    period: MotifTable
+    prologue: MotifTable | None
+
+
+def prefetched_positions(first: Sequence[Mapping[str, Any]], second: Sequence[Mapping[str, Any]]) -> frozenset[int]:
+    """Positions whose next-iteration op (`second`, rows in position order) the plan issues during the
+    iteration of `first`: all of its motifs' seqs at most the largest seq of `first` (ties are issued together,
+    so with iteration i's last motif). Seqs number the whole plan (as `mlopt plan schedule` writes them); an
+    op that starts before iteration i's end and ends after it is not prefetched (the table runs it at its
+    iteration-i place: that overlap is lost, as in `from_plan`). The payload carries no data dependencies, so
+    the rule cannot tell a prefetch from a postponed tail of iteration i overlapping iteration i+1's first ops:
+    either way the next iteration's ops come out prefetched, and the application must be able to submit
+    them one iteration early (a data loader can)."""
+    end = max(_seqs(first))
+    if max(_seqs(second)) <= end:
+        raise ValueError(f"the next iteration's motifs end (seq {max(_seqs(second))}) no later than this "
+                         f"iteration's (seq {end}): the seqs do not number the plan across iterations")
+    return frozenset(p for p, row in enumerate(second) if max(_seqs([row])) <= end)
 
 
 def payload_row(op: CommOp, motifs: Sequence[Motif], seqs: Sequence[int], channels: Sequence[Sequence[str]], *,
@@ -157,10 +215,59 @@ def _comm_op(row: Mapping[str, Any]) -> CommOp:
         raise ValueError(f"comm-op {row.get('name') or row.get('id')}: {exc}") from None
 
 
-def _table_op(index: int, row: Mapping[str, Any], motifs: tuple[TableMotif, ...]) -> TableOp:
+def _table_op(index: int, row: Mapping[str, Any], motifs: tuple[TableMotif, ...], *, offset: int = 0,
+              position: int | None = None) -> TableOp:
     op = _comm_op(row)
     return TableOp(index, str(row.get("name", f"op{index}")), op.collective, op.nbytes, op.ranks, op.root, motifs,
-                   tuple(op.pairs or ()))
+                   tuple(op.pairs or ()), offset, position)
+
+
+def _seqs(rows: Iterable[Mapping[str, Any]]) -> list[int]:
+    return [int(m["seq"]) for row in rows for m in row.get("motifs") or ()]
+
+
+def _dense_seqs(rows: Iterable[Mapping[str, Any]]) -> dict[int, int]:
+    """Plan seq -> dense seq from 0 (order and ties kept)."""
+    return {s: i for i, s in enumerate(sorted(set(_seqs(rows))))}
+
+
+def _planned_op(index: int, row: Mapping[str, Any], dense: Mapping[int, int], channels: Sequence[str], *,
+                offset: int = 0, position: int | None = None) -> TableOp:
+    """Table op `index` from a plan row, its motifs' seqs mapped through `dense`."""
+    where = f"comm-op {row.get('name') or row.get('id')} (op {index})"
+    motifs = tuple(
+        TableMotif(index, k, dense[int(m["seq"])], _motif_of(m, f"{where} motif {k}"),
+                   _mask(m.get("channels") or [], channels, f"{where} motif {k}"), str(m.get("name", "")))
+        for k, m in enumerate(row["motifs"]))
+    if not motifs:
+        raise ValueError(f"{where} has no motifs")
+    return _table_op(index, row, motifs, offset=offset, position=position)
+
+
+def _ordered_ops(slots: Sequence[tuple[Mapping[str, Any], int] | None], channels: Sequence[str]) -> tuple[TableOp, ...]:
+    """Table ops of (row, offset) per position (None: not in this table), numbered in the plan's seq order
+    (first motif, then position), seqs dense over these rows."""
+    taken = sorted(((p, *slot) for p, slot in enumerate(slots) if slot is not None),
+                   key=lambda t: (min(_seqs([t[1]])), t[0]))
+    dense = _dense_seqs(row for _, row, _ in taken)
+    return tuple(_planned_op(index, row, dense, channels, offset=offset, position=p)
+                 for index, (p, row, offset) in enumerate(taken))
+
+
+def _check_counterparts(first: Sequence[Mapping[str, Any]], second: Sequence[Mapping[str, Any]],
+                        iteration: int) -> None:
+    """The k-th comm-op of both iterations must be the same op (what a steady state repeats)."""
+    if len(first) != len(second):
+        raise ValueError(f"iterations {iteration} and {iteration + 1} have {len(first)} and {len(second)} comm-ops")
+    for p, (a, b) in enumerate(zip(first, second)):
+        for row in (a, b):
+            if not row.get("motifs"):
+                raise ValueError(f"comm-op {row.get('name') or row.get('id')} (position {p}) has no motifs")
+        x, y = _comm_op(a), _comm_op(b)
+        if (a.get("name"), x) != (b.get("name"), y):
+            raise ValueError(f"comm-op {p} differs between iterations {iteration} and {iteration + 1}: "
+                             f"{a.get('name')!r} {x.collective} {x.nbytes} B over {list(x.ranks)} vs "
+                             f"{b.get('name')!r} {y.collective} {y.nbytes} B over {list(y.ranks)}")
 
 
 def _motif_of(m: Mapping[str, Any], where: str) -> Motif:
@@ -595,10 +702,12 @@ class Item:
 
 @dataclass
 class HarnessResult:
-    iteration_us: list[float]  # per iteration: first rank's start to last rank's end
+    iteration_us: list[float]  # per iteration (period): first rank's start to last rank's end
     stats: list[EnforcerStats]  # per rank, after the run
     logs: list[list[IssuedMotif]]  # per rank
     mismatches: list[str] = field(default_factory=list)  # when verifying: "iteration i rank r op o: ..."
+    prologue_us: float = 0.0  # the prologue's first rank's start to last rank's end (0: no prologue)
+    prologue_logs: list[list[IssuedMotif]] = field(default_factory=list)  # per rank, when a prologue ran
 
     @property
     def mean_iteration_us(self) -> float:
@@ -613,11 +722,13 @@ def input_values(rank: int, op: int, iteration: int, elements: int):
 
 
 def expected_output(op: TableOp, rank: int, iteration: int):
-    """(values, mask of the elements the collective defines) of rank's output of `op` (float32)."""
+    """(values, mask of the elements the collective defines) of rank's output of `op` (float32) when it
+    carries `iteration`'s data (a steady-state period's offset-1 op in period k: k + 1); inputs are keyed by
+    `op.data_key` (its position in the iteration), so they do not depend on which table the op is in."""
     import numpy as np
 
     n, elements = len(op.ranks), op.nbytes // 4
-    ins = {r: input_values(r, op.index, iteration, elements) for r in op.ranks}
+    ins = {r: input_values(r, op.data_key, iteration, elements) for r in op.ranks}
     out, defined = np.zeros(elements, np.float32), np.ones(elements, bool)
     block, pos = elements // n, op.ranks.index(rank)
     total = sum(ins.values())
@@ -646,7 +757,7 @@ def expected_output(op: TableOp, rank: int, iteration: int):
     return out, defined
 
 
-def _check_output(op: TableOp, rank: int, iteration: int, got) -> str:
+def _check_output(op: TableOp, rank: int, iteration: int, got, what: str = "iteration") -> str:
     import numpy as np
 
     want, defined = expected_output(op, rank, iteration)
@@ -654,13 +765,34 @@ def _check_output(op: TableOp, rank: int, iteration: int, got) -> str:
     if not bad.size:
         return ""
     i = int(bad[0])
-    return (f"iteration {iteration} rank {rank} op {op.index} ({op.collective}): element {i} is {got[i]}, expected "
+    return (f"{what} {iteration} rank {rank} op {op.index} ({op.collective}): element {i} is {got[i]}, expected "
             f"{want[i]} ({bad.size} bad)")
+
+
+def period_items(period: MotifTable, items: Sequence[Item]) -> list[Item]:
+    """One iteration's application program (`items`, naming comm-ops by their position in the iteration:
+    `from_plan`'s index, plan row order) as a steady-state period's (`MotifTable.steady_state`): ops named by
+    period index, and the comm items of prefetched ops (offset 1) moved to the start, where a prefetching data
+    loader hands over the next batch (the enforcer still issues them at their seq, so a plan that orders the
+    prefetch after this iteration's first ops keeps it there). Everything else keeps its place; compute items
+    keep their waits (the harness skips waits on offset-1 ops, see `run_iteration_harness`)."""
+    index = {op.data_key: op.index for op in period.ops}
+
+    def at(position: int | None, item: Item) -> int:
+        if position not in index:
+            raise ValueError(f"item {item.name!r}: comm-op position {position} is not in the period "
+                             f"(positions 0..{len(index) - 1})")
+        return index[position]
+
+    moved = [replace(item, op=at(item.op, item) if item.kind == "comm" else item.op,
+                     waits=tuple(at(w, item) for w in item.waits)) for item in items]
+    ahead = [item.kind == "comm" and period.ops[item.op].offset != 0 for item in moved]
+    return [i for i, a in zip(moved, ahead) if a] + [i for i, a in zip(moved, ahead) if not a]
 
 
 def run_iteration_harness(table: MotifTable, items: Sequence[Item] | Mapping[int, Sequence[Item]], iterations: int,
                           *, enforce_order: bool = True, verify: bool = True, watchdog_ms: int = 10000,
-                          threads: int = 1, executors: int = 0) -> HarnessResult:
+                          threads: int = 1, executors: int = 0, prologue: MotifTable | None = None) -> HarnessResult:
     """Runs `iterations` training iterations of `table` with one Python thread per rank as its application.
 
     `items` is the issue order of every rank (or rank -> its own order): a comm item submits its op (ranks
@@ -671,27 +803,56 @@ def run_iteration_harness(table: MotifTable, items: Sequence[Item] | Mapping[int
     its inputs before submitting and, with `verify`, checks its outputs against `expected_output` after every
     iteration. Raises RuntimeLibraryError from the library (a deadlock: MLOPT_ERR_DEADLOCK), e.g. when the
     table orders an op before one a rank waits for before submitting it (no enforcer can issue it earlier).
-    """
-    import numpy as np
 
+    Steady state (`MotifTable.steady_state`, items from `period_items`): `table` is the period, and
+    `prologue`, when given, runs first in an enforcer of its own: every rank submits its prologue ops (index
+    order, iteration 0's data), waits for them and checks them. Period k then submits offset-0 ops with
+    iteration k's inputs and offset-1 ops (prefetches) with iteration k+1's, and checks every output against
+    the iteration its data belongs to. A compute item's wait on an offset-1 op is skipped: what it consumes
+    in period k was prefetched by period k-1 (or the prologue), which the rank waited for at its end; the
+    op's submission in period k carries the next batch. The end-of-period wait covers the prefetch too (so
+    it can be checked), which a real data loader would defer to its consumer.
+    """
+    if prologue is not None and prologue.nranks != table.nranks:
+        raise ValueError(f"the prologue has {prologue.nranks} ranks, the table {table.nranks}")
     if verify:
-        for op in table.ops:
-            if op.nbytes % (4 * (len(op.ranks) if op.collective in BLOCKED else 1)):
-                raise ValueError(f"op {op.index}: nbytes={op.nbytes} cannot be verified as float32 blocks")
+        for t in (table, prologue):
+            if t is not None:
+                _check_verifiable(t)
     per_rank = items if isinstance(items, Mapping) else {r: items for r in range(table.nranks)}
-    buffers = {(r, op.index): (np.zeros(-(-op.nbytes // 4), np.float32), np.zeros(-(-op.nbytes // 4), np.float32))
-               for op in table.ops for r in range(table.nranks) if op.involves(r)}
+    buffers, early_buffers = _buffers(table), (_buffers(prologue) if prologue is not None else {})
     starts = [[0.0] * iterations for _ in range(table.nranks)]
     ends = [[0.0] * iterations for _ in range(table.nranks)]
+    early_span = [[0.0, 0.0] for _ in range(table.nranks)]
     errors: list[BaseException] = []
     mismatches: list[str] = []
 
-    with Enforcer(table.nranks, enforce_order=enforce_order, watchdog_ms=watchdog_ms, threads=threads,
-                  executors=executors) as enforcer:
+    def make(t: MotifTable) -> Enforcer:
+        return Enforcer(t.nranks, enforce_order=enforce_order, watchdog_ms=watchdog_ms, threads=threads,
+                        executors=executors)
+
+    with contextlib.ExitStack() as stack:
+        enforcer = stack.enter_context(make(table))
         enforcer.load(table)
         enforcer.start()
+        early = None
+        if prologue is not None:  # the C++ enforcer repeats one table: the prologue needs its own
+            early = stack.enter_context(make(prologue))
+            early.load(prologue)
+            early.start()
 
         def application(rank: int) -> None:
+            if early is not None:
+                early_span[rank][0] = time.perf_counter()
+                for op in prologue.ops:
+                    if op.involves(rank):
+                        _submit(early, early_buffers, rank, op, 0)
+                early.wait(rank)
+                early_span[rank][1] = time.perf_counter()
+                if verify:
+                    mismatches.extend(filter(None, (
+                        _check_output(op, rank, 0, early_buffers[(rank, op.index)][1], "prologue: iteration")
+                        for op in prologue.ops if op.involves(rank))))
             mine = [op for op in table.ops if op.involves(rank)]
             for it in range(iterations):
                 starts[rank][it] = time.perf_counter()
@@ -700,8 +861,8 @@ def run_iteration_harness(table: MotifTable, items: Sequence[Item] | Mapping[int
                 enforcer.wait(rank)
                 ends[rank][it] = time.perf_counter()
                 if verify:
-                    mismatches.extend(filter(None, (_check_output(op, rank, it, buffers[(rank, op.index)][1])
-                                                    for op in mine)))
+                    mismatches.extend(filter(None, (
+                        _check_output(op, rank, it + op.offset, buffers[(rank, op.index)][1]) for op in mine)))
 
         def guarded(rank: int) -> None:
             try:
@@ -718,23 +879,44 @@ def run_iteration_harness(table: MotifTable, items: Sequence[Item] | Mapping[int
             raise errors[0]
         stats = [enforcer.stats(r) for r in range(table.nranks)]
         logs = [enforcer.issue_log(r) for r in range(table.nranks)]
+        early_logs = [early.issue_log(r) for r in range(table.nranks)] if early is not None else []
     iteration_us = [(max(e[i] for e in ends) - min(s[i] for s in starts)) * 1e6 for i in range(iterations)]
-    return HarnessResult(iteration_us, stats, logs, mismatches)
+    early_us = (max(s[1] for s in early_span) - min(s[0] for s in early_span)) * 1e6 if early is not None else 0.0
+    return HarnessResult(iteration_us, stats, logs, mismatches, early_us, early_logs)
+
+
+def _check_verifiable(table: MotifTable) -> None:
+    for op in table.ops:
+        if op.nbytes % (4 * (len(op.ranks) if op.collective in BLOCKED else 1)):
+            raise ValueError(f"op {op.index}: nbytes={op.nbytes} cannot be verified as float32 blocks")
+
+
+def _buffers(table: MotifTable) -> dict[tuple[int, int], tuple[Any, Any]]:
+    """(rank, op index) -> (input, output) float32 buffers of every op the rank takes part in."""
+    import numpy as np
+
+    return {(r, op.index): (np.zeros(-(-op.nbytes // 4), np.float32), np.zeros(-(-op.nbytes // 4), np.float32))
+            for op in table.ops for r in range(table.nranks) if op.involves(r)}
 
 
 def _run_item(enforcer: Enforcer, table: MotifTable, buffers, rank: int, iteration: int, item: Item) -> None:
     if item.kind == "compute":
         for op in item.waits:
-            if table.ops[op].involves(rank):
+            # an offset-1 op's data for this iteration came from the previous period (already waited for)
+            if table.ops[op].involves(rank) and not table.ops[op].offset:
                 enforcer.wait(rank, op)
         time.sleep(item.duration_us / 1e6)
         return
     if item.kind != "comm" or item.op is None:
         raise ValueError(f"item {item.name!r}: kind must be 'compute' or 'comm' (with an op)")
     op = table.ops[item.op]
-    if not op.involves(rank):
-        return
+    if op.involves(rank):
+        _submit(enforcer, buffers, rank, op, iteration + op.offset)
+
+
+def _submit(enforcer: Enforcer, buffers, rank: int, op: TableOp, data_iteration: int) -> None:
+    """Rank submits `op` with the inputs of `data_iteration` (keyed by `op.data_key`)."""
     source, output = buffers[(rank, op.index)]
-    source[: op.nbytes // 4] = input_values(rank, op.index, iteration, op.nbytes // 4)
+    source[: op.nbytes // 4] = input_values(rank, op.data_key, data_iteration, op.nbytes // 4)
     output[:] = -1.0e9  # what no collective computes here: stale results show
     enforcer.submit(rank, op.index, source, output)
