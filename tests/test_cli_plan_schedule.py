@@ -102,3 +102,17 @@ def test_a_cyclic_trace_exits_2(run_cli, trace, tmp_path):
     cyclic.write_text(json.dumps(doc))
     result = run_cli("plan", "schedule", "--model", cyclic, "--topology", "fully-connected:2", "-o", tmp_path / "x.json")
     assert result.code == 2 and "cycl" in result.err and not (tmp_path / "x.json").exists()
+
+
+def test_validate_proves_every_decomposition_and_catches_a_broken_one(run_cli, trace, tmp_path):
+    path = tmp_path / "s.json"
+    doc = _plan(run_cli, trace, path)
+    checked = run_cli("validate", path)
+    assert checked.code == 0 and f"{len(doc['payload']['comm_ops'])} decompositions proven" in checked.out + checked.err
+    row = next(i for i, op in enumerate(doc["payload"]["comm_ops"]) if op["collective"] == "allreduce")
+    motif = doc["payload"]["comm_ops"][row]["motifs"][0]
+    (offset, length), = motif["regions"][0]
+    motif["regions"] = [[[offset, length // 2]]]  # the all-reduce no longer covers its upper half
+    path.write_text(json.dumps(doc))
+    result = run_cli("validate", path)
+    assert result.code == 2 and f"comm_ops[{row}].motifs" in result.err and "do not implement" in result.err

@@ -1,8 +1,11 @@
 """`mlopt validate schedule.plan.json [--model trace.json --topology T]`: a schedule plan checked without a search.
 
 Alone: every motif ends its duration after it starts, sequence numbers follow start times (equal for motifs
-issued together), and nothing ends after the predicted iteration. With the trace and topology: the problem is
-rebuilt and optSched, given the plan's execution options, must reproduce the predicted iteration time.
+issued together), nothing ends after the predicted iteration, and every comm-op's motifs are proven to
+implement its collective (`motifs.implements`: shapes, an acyclic order, no race, the collective's
+postcondition) unless that needs more than MAX_PROOF_ELEMENTS symbolic elements (then it is counted as not
+proven). With the trace and topology: the problem is rebuilt and optSched, given the plan's execution
+options, must reproduce the predicted iteration time.
 """
 
 from __future__ import annotations
@@ -13,6 +16,9 @@ from mlopt.errors import InputError
 from mlopt.formats.plan import PlanFile
 
 REQUIRED = ("algorithm", "options", "channels", "comm_ops", "predicted", "systems")
+# The symbolic proof runs at the granularity of the gcd of the motifs' byte ranges: plans whose cuts are that
+# fine are left unproven rather than made slow.
+MAX_PROOF_ELEMENTS = 1 << 16
 
 
 def _check_motifs(payload: dict, source: str) -> None:
@@ -33,6 +39,37 @@ def _check_motifs(payload: dict, source: str) -> None:
     ordered = sorted(starts.items())
     if any(b[1] <= a[1] for a, b in zip(ordered, ordered[1:])):
         raise InputError(source, "$.payload.comm_ops", "sequence numbers do not follow the motifs' start times")
+
+
+def _prove_decompositions(payload: dict, source: str) -> tuple[int, int]:
+    """(proven, too large to prove) comm-ops; InputError naming the first whose motifs do not implement it.
+    Rows without the op's collective (abstract problems) are neither."""
+    from mlopt.planners.schedule.motifs import CommOp, Motif, implements
+
+    proven = unproven = 0
+    for i, row in enumerate(payload["comm_ops"]):
+        if row.get("collective") is None or any("regions" not in m for m in row["motifs"]):
+            continue
+        where = f"$.payload.comm_ops[{i}]"
+        try:
+            op = CommOp(row["collective"], int(row["nbytes"]), tuple(row["ranks"]), row.get("root"),
+                        pairs=tuple(map(tuple, row["pairs"])) if row.get("pairs") is not None else None)
+            motifs = [Motif(m["collective"], tuple(m["ranks"]), tuple(tuple(map(tuple, r)) for r in m["regions"]),
+                            m.get("root"), deps=tuple(m.get("deps") or ()),
+                            pattern=None if m.get("pattern") is None else tuple(map(tuple, m["pattern"])))
+                      for m in row["motifs"]]
+        except (ValueError, TypeError, KeyError) as exc:
+            raise InputError(source, where, f"comm-op {row.get('name')!r}: {exc}") from None
+        try:
+            problems = implements(op, motifs, max_elements=MAX_PROOF_ELEMENTS)
+        except ValueError:  # finer than the proof's budget
+            unproven += 1
+            continue
+        if problems:
+            raise InputError(source, f"{where}.motifs", f"comm-op {row.get('name')!r}: its motifs do not implement "
+                                                        f"the {op.collective}: {problems[0]}")
+        proven += 1
+    return proven, unproven
 
 
 def _replay(payload: dict, source: str, model_path: str, topology_spec: str) -> None:
@@ -74,6 +111,7 @@ def validate_schedule_plan(plan: PlanFile, source: str, model_path: str | None, 
         if key not in payload:
             raise InputError(source, f"$.payload.{key}", "missing required field")
     _check_motifs(payload, source)
+    proven, unproven = _prove_decompositions(payload, source)
     bound = payload["predicted"].get("bound_makespan_us")
     if bound is not None and bound > payload["predicted"]["makespan_us"] * (1 + 1e-9) + 1e-6:
         raise InputError(source, "$.payload.predicted.bound_makespan_us",
@@ -84,5 +122,6 @@ def validate_schedule_plan(plan: PlanFile, source: str, model_path: str | None, 
         replayed = ", replayed by optSched"
     motifs = sum(len(op["motifs"]) for op in payload["comm_ops"])
     predicted = payload["predicted"]
+    proofs = f", {proven} decompositions proven" + (f" ({unproven} too fine to prove)" if unproven else "")
     return (f"{len(payload['comm_ops'])} comm-ops, {motifs} motifs, iteration {predicted['iteration_us']:.1f} us "
-            f"({predicted['iterations']} unrolled: {predicted['makespan_us']:.1f} us){replayed}")
+            f"({predicted['iterations']} unrolled: {predicted['makespan_us']:.1f} us){proofs}{replayed}")
