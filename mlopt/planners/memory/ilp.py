@@ -45,7 +45,7 @@ Model reductions (counted in `IlpOutcome.stats["reductions"]`):
       active stage is never worse) and get one memory row per implementation choice (equal rows: only
       the tightest is kept);
   (b) r_i^k exists only for i in a window of `window` nodes ending at the highest value stage k (or a later
-      stage) needs (widened down to what a covered warm start recomputes at k), and only where x_i is useful (needed at stage <= k, or read by a useful candidate);
+      stage) needs, and only where x_i is useful (needed at stage <= k, or read by a useful candidate);
       s_j^{k-1} is a variable only at stages that touch j (j needed there, or a recompute candidate);
       elsewhere it is tied to s_j^k (to s_j^N before j is first touched): keeping a value through stages
       that never touch it and dropping it at the last touching stage is never worse;
@@ -136,10 +136,8 @@ class _Lin:
 
 
 class _Builder:
-    def __init__(self, problem: MemoryProblem, budget: int, joint: bool, window: int | None, cap_rows: bool,
-                 cover: Schedule | None = None):
+    def __init__(self, problem: MemoryProblem, budget: int, joint: bool, window: int | None, cap_rows: bool):
         self.p = problem
-        self.cover = cover  # a schedule whose recomputations every stage's window must include
         self.M = int(budget)
         # Memory rows are written in units of U = 2^s bytes (exact for integers), U chosen so that the
         # budget is 2^15..2^16 units: byte counts near 1e9 otherwise trouble the solver's scaling.
@@ -293,12 +291,8 @@ class _Builder:
         self.cand: dict[int, list[int]] = {}
         self.lo: dict[int, int] = {}
         self.hi = hi
-        start_lows = self._lowest_recomputed(self.cover) if self.cover is not None else {}
         for k in self.active:
             lo = max(0, hi[k] - self.window + 1)
-            if start_lows.get(k, lo) < lo:  # widen down to what the start recomputes here
-                lo = start_lows[k]
-                self.red["window_widened_for_warm_start"] += 1
             self.lo[k] = lo
             useful: set[int] = set()
             for i in range(hi[k], lo - 1, -1):
@@ -329,22 +323,6 @@ class _Builder:
         for j in range(n):
             self.touch[j] |= self.need[j]
         self.min_need = [min(s) if s else math.inf for s in self.need]
-
-    def _lowest_recomputed(self, schedule: Schedule) -> dict[int, int]:
-        """Per active stage, the lowest node `schedule` recomputes there; recomputations at a merged stage count
-        at the next active stage, where `encode` moves them."""
-        active = set(self.active)
-        lows: dict[int, int] = {}
-        moved: set[int] = set()
-        for stage in sorted(schedule.backward, key=lambda b: -b.node):
-            recomputed = moved | {i for i, _ in stage.recompute}
-            if stage.node not in active:
-                moved = recomputed
-                continue
-            moved = set()
-            if recomputed:
-                lows[stage.node] = min(recomputed)
-        return lows
 
     def _out_extra(self, i: int, impl) -> int:
         """New bytes forward_i allocates for its output: |x_i|, in place max(0, |x_i| - |x_j|)."""
@@ -924,8 +902,7 @@ def schedule_compute_us(problem: MemoryProblem, schedule: Schedule) -> float:
 
 def solve_memory_ilp(problem: MemoryProblem, budget_bytes: int, options: PlannerOptions, joint: bool = True,
                      warm_start: Schedule | None = None, dump_suffix: str = "", *,
-                     window: int | None = None, start_window: int | None = None,
-                     cover_start: bool = False) -> IlpOutcome:
+                     window: int | None = None, start_window: int | None = None) -> IlpOutcome:
     """Solve MONeT's ILP (joint=True) or the checkpoint-only ILP (joint=False) under `budget_bytes`.
 
     The result's objective is the decoded schedule's compute time (4.9), its gap the solver's.
@@ -938,13 +915,9 @@ def solve_memory_ilp(problem: MemoryProblem, budget_bytes: int, options: Planner
     `start_window` replaces DEFAULT_WINDOW as the first window (e.g. the window a warm start came from).
     Without a time limit there is one solve at DEFAULT_WINDOW.
     Windows are capped so that a model stays under about DEFAULT_MAX_ROWS rows.
-    `cover_start`: every stage's window also reaches down to the lowest node the warm start recomputes there,
-    so that a start from another ILP (whose windows end elsewhere: its backward implementations read other
-    values) is a complete MIP start rather than its forward choices only.
     """
     if window is not None or options.time_limit_s is None:
-        return _solve_once(problem, budget_bytes, options, joint, warm_start, dump_suffix, window, window is None,
-                           cover_start)
+        return _solve_once(problem, budget_bytes, options, joint, warm_start, dump_suffix, window, window is None)
     t0 = time.perf_counter()
     deadline = t0 + options.time_limit_s
     w = DEFAULT_WINDOW if start_window is None else max(1, int(start_window))
@@ -955,7 +928,7 @@ def solve_memory_ilp(problem: MemoryProblem, budget_bytes: int, options: Planner
     while True:
         remaining = deadline - time.perf_counter()
         out = _solve_once(problem, budget_bytes, replace(options, time_limit_s=max(remaining, 1e-3)), joint, warm,
-                          dump_suffix, w, True, cover_start)
+                          dump_suffix, w, True)
         phases.append({"window": out.stats["window"], "status": out.result.status.value,
                        "objective": out.result.objective, "rows": out.stats["rows"], "cols": out.stats["cols"],
                        "warm_start": out.stats["warm_start"], "build_s": out.stats["build_s"],
@@ -989,10 +962,9 @@ def _cost_or_none(problem: MemoryProblem, schedule: Schedule | None) -> float | 
 
 
 def _solve_once(problem: MemoryProblem, budget_bytes: int, options: PlannerOptions, joint: bool,
-                warm_start: Schedule | None, dump_suffix: str, window: int | None, cap_rows: bool,
-                cover_start: bool = False) -> IlpOutcome:
+                warm_start: Schedule | None, dump_suffix: str, window: int | None, cap_rows: bool) -> IlpOutcome:
     t0 = time.perf_counter()
-    builder = _Builder(problem, budget_bytes, joint, window, cap_rows, warm_start if cover_start else None)
+    builder = _Builder(problem, budget_bytes, joint, window, cap_rows)
     builder.build()
     builder.objective()
     form = builder.model.to_arrays()

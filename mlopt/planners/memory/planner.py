@@ -41,8 +41,7 @@ CHECKPOINT_ONLY_START = "checkpoint-only ILP"
 # Between the two, when the problem has recomputation-only implementations (batch norm's reuse-stats), MONeT
 # solves the joint ILP restricted to the default implementations plus those (`reuse_only_problem`, same
 # --time-limit): a smaller model (ResNet-50 at window 36: 7.7k columns, the full joint 12.1k) that gets
-# further in the same time; the full joint ILP then starts from the cheaper of the two plans, every stage's
-# window widened to cover what that plan recomputes there (`cover_start`), so the start is complete.
+# further in the same time; the full joint ILP then starts from the cheaper of the two plans.
 REUSE_ONLY_START = "reuse-only ILP"
 
 
@@ -226,7 +225,7 @@ def _plan_ilp(problem: MemoryProblem, options: MemoryOptions, planner_options: P
     warm, warm_name = best_warm_start(problem, budget, joint, warm_candidates)
     progress(f"{options.algorithm} ILP" + (f", warm start from {warm_name}" if warm else ""))
     outcome = solve_memory_ilp(problem, budget, _ilp_options(planner_options), joint=joint, warm_start=warm,
-                               start_window=windows.get(warm_name), cover_start=warm_name in windows)
+                               start_window=windows.get(warm_name))
     if first is not None:
         outcome.stats["checkpoint_only_plan"] = {"status": first.plan.status.value, "objective": first.plan.objective,
                                                  "window": first.plan.payload["ilp"].get("window")}
@@ -304,9 +303,8 @@ def _reuse_only_phase(problem: MemoryProblem, budget: int, planner_options: Plan
     warm, warm_name = best_warm_start(restricted, budget, True, warm_candidates)
     progress("reuse-only ILP (defaults plus recomputation-only implementations)"
              + (f", warm start from {warm_name}" if warm else ""))
-    from_ilp = warm_name == CHECKPOINT_ONLY_START
     return solve_memory_ilp(restricted, budget, _ilp_options(planner_options), joint=True, warm_start=warm,
-                            start_window=start_window if from_ilp else None, cover_start=from_ilp)
+                            start_window=start_window if warm_name == CHECKPOINT_ONLY_START else None)
 
 
 def _warm_start_plan(problem, options, planner_options, inputs, reference, budget, notes, started, outcome,
