@@ -74,11 +74,6 @@ def test_joint_never_worse_than_checkpoint_only(run_cli, tiny_trace, tmp_path):
     # MONeT's first solve is that checkpoint-only plan; the joint ILP starts from it.
     first = json.loads((tmp_path / "monet.plan.json").read_text())["payload"]["ilp"]["checkpoint_only_plan"]
     assert first["objective"] == objectives["checkpoint-only"] and first["status"] == "optimal"
-    # The tiny CNN has batch norms: the reuse-only ILP (defaults + reuse-stats) runs in between, and the
-    # joint plan is no worse than it either.
-    middle = json.loads((tmp_path / "monet.plan.json").read_text())["payload"]["ilp"]["reuse_only_plan"]
-    assert middle["status"] == "optimal"
-    assert objectives["monet"] <= middle["objective"] * (1 + 1e-9) <= objectives["checkpoint-only"] * (1 + 1e-6)
 
 
 def test_same_inputs_give_byte_identical_plans(run_cli, tiny_trace, tmp_path):

@@ -8,7 +8,6 @@ from mlopt.planners.memory import baselines
 from mlopt.planners.memory.build import build_problem
 from mlopt.planners.memory.replay import replay
 from mlopt.planners.memory.schedule import Schedule
-from mlopt.planners.memory.problem import BackwardImpl, ForwardImpl, MemoryProblem, Node
 from test_memory_build import mlp_trace, tiny_resnet_trace
 from test_memory_replay import RECOMPUTE_ALL, STORE_ALL, chain3
 
@@ -144,23 +143,3 @@ def test_mlp_baselines_replay():
     lean_schedule = baselines.schedule_from_stored(problem, baselines.needed_values(problem, lean), lean)
     for schedule in (baselines.sqrt_segments(problem), baselines.least_memory(problem), lean_schedule):
         assert replay(problem, schedule).peak_bytes <= reference.peak_bytes
-
-
-def test_reuse_only_problem_keeps_defaults_and_recomputation_only_implementations():
-    from mlopt.planners.memory.planner import reuse_only_problem
-
-    stats = (ForwardImpl("default", 2.0), ForwardImpl("reuse-stats", 1.0, reuses_intermediates=True))
-    nodes = (
-        Node(0, 0, "aten::convolution", 8, (), (ForwardImpl("default", 5.0), ForwardImpl("im2col", 4.0, 64)),
-             (BackwardImpl("default", 9.0, 0, (0,)), BackwardImpl("lean", 12.0, 0, ()))),
-        Node(1, 1, "aten::native_batch_norm", 8, (0,), stats, (BackwardImpl("default", 3.0, 0, (0, 2)),)),
-        Node(2, 1, "aten::native_batch_norm.out1", 1, (1,), (ForwardImpl("default", 0.0),), (),
-             intermediate_of=1),
-    )
-    problem = MemoryProblem("p", nodes, 0, final_outputs=(1,))
-    restricted = reuse_only_problem(problem)
-    assert [[f.name for f in n.forward] for n in restricted.nodes] == [["default"], ["default", "reuse-stats"],
-                                                                        ["default"]]
-    assert [[b.name for b in n.backward] for n in restricted.nodes] == [["default"], ["default"], []]
-    no_reuse = MemoryProblem("q", nodes[:1], 0, final_outputs=(0,))
-    assert reuse_only_problem(no_reuse) is None

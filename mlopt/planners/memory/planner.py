@@ -38,11 +38,6 @@ OBJECTIVE_RTOL = 1e-6
 # the joint ILP from that plan, at the window it reached: the joint model contains every checkpoint-only
 # schedule, so the joint plan is never worse than the checkpoint-only plan of the same budget and limit.
 CHECKPOINT_ONLY_START = "checkpoint-only ILP"
-# Between the two, when the problem has recomputation-only implementations (batch norm's reuse-stats), MONeT
-# solves the joint ILP restricted to the default implementations plus those (`reuse_only_problem`, same
-# --time-limit): a smaller model (ResNet-50 at window 36: 7.7k columns, the full joint 12.1k) that gets
-# further in the same time; the full joint ILP then starts from the cheaper of the two plans.
-REUSE_ONLY_START = "reuse-only ILP"
 
 
 @dataclass(frozen=True)
@@ -209,29 +204,20 @@ def _plan_ilp(problem: MemoryProblem, options: MemoryOptions, planner_options: P
     from mlopt.planners.memory.ilp import solve_memory_ilp
 
     joint = options.algorithm == "monet"
-    first = middle = None
-    windows: dict[str, int | None] = {}
+    first = None
     if joint:
         first = _checkpoint_only_first(problem, options, planner_options, inputs, reference, budget, notes,
                                        progress, warm_candidates)
         if first is not None:
             warm_candidates = (*warm_candidates, (CHECKPOINT_ONLY_START, first.schedule))
-            windows[CHECKPOINT_ONLY_START] = first.plan.payload["ilp"].get("window")
-        middle = _reuse_only_phase(problem, budget, planner_options, progress, warm_candidates,
-                                   windows.get(CHECKPOINT_ONLY_START))
-        if middle is not None and middle.schedule is not None:
-            warm_candidates = (*warm_candidates, (REUSE_ONLY_START, middle.schedule))
-            windows[REUSE_ONLY_START] = middle.stats["window"]
     warm, warm_name = best_warm_start(problem, budget, joint, warm_candidates)
+    start_window = first.plan.payload["ilp"].get("window") if first and warm_name == CHECKPOINT_ONLY_START else None
     progress(f"{options.algorithm} ILP" + (f", warm start from {warm_name}" if warm else ""))
     outcome = solve_memory_ilp(problem, budget, _ilp_options(planner_options), joint=joint, warm_start=warm,
-                               start_window=windows.get(warm_name))
+                               start_window=start_window)
     if first is not None:
         outcome.stats["checkpoint_only_plan"] = {"status": first.plan.status.value, "objective": first.plan.objective,
                                                  "window": first.plan.payload["ilp"].get("window")}
-    if middle is not None:
-        outcome.stats["reuse_only_plan"] = {"status": middle.result.status.value,
-                                            "objective": middle.result.objective, "window": middle.stats["window"]}
     result = _joint_or_single(problem, options, planner_options, inputs, reference, budget, notes, started, outcome,
                               warm, warm_name)
     return replace(result, checkpoint_only=first)
@@ -277,34 +263,6 @@ def _checkpoint_only_first(problem: MemoryProblem, options: MemoryOptions, plann
                          budget, notes, time.perf_counter(), progress, warm_candidates)
     except InfeasibleError:
         return None
-
-
-def reuse_only_problem(problem: MemoryProblem) -> MemoryProblem | None:
-    """The problem with every node restricted to its default implementations plus its recomputation-only
-    ones (`reuses_intermediates`), or None when it has no recomputation-only implementation. Its schedules
-    are schedules of `problem` (same nodes, same implementation names)."""
-    if not any(f.reuses_intermediates for node in problem.nodes for f in node.forward):
-        return None
-    nodes = tuple(replace(node, forward=(node.forward[0], *(f for f in node.forward[1:] if f.reuses_intermediates)),
-                          backward=node.backward[:1]) for node in problem.nodes)
-    return replace(problem, nodes=nodes)
-
-
-def _reuse_only_phase(problem: MemoryProblem, budget: int, planner_options: PlannerOptions,
-                      progress: Callable[[str], None], warm_candidates: tuple[tuple[str, Schedule], ...],
-                      start_window: int | None) -> Any:
-    """MONeT's middle solve (REUSE_ONLY_START): the IlpOutcome of the joint ILP on `reuse_only_problem`, or
-    None when there is no such problem."""
-    from mlopt.planners.memory.ilp import solve_memory_ilp
-
-    restricted = reuse_only_problem(problem)
-    if restricted is None:
-        return None
-    warm, warm_name = best_warm_start(restricted, budget, True, warm_candidates)
-    progress("reuse-only ILP (defaults plus recomputation-only implementations)"
-             + (f", warm start from {warm_name}" if warm else ""))
-    return solve_memory_ilp(restricted, budget, _ilp_options(planner_options), joint=True, warm_start=warm,
-                            start_window=start_window if warm_name == CHECKPOINT_ONLY_START else None)
 
 
 def _warm_start_plan(problem, options, planner_options, inputs, reference, budget, notes, started, outcome,
