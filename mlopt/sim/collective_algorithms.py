@@ -1006,22 +1006,14 @@ def transfer_time(messages: Sequence[Message], topology: Topology, mode: str = "
 
 def permute_messages(pairs: Sequence[tuple[int, int]], nbytes: float) -> list[Message]:
     """A permute as messages: `nbytes` from every source to its destination (topology ranks), no deps (all
-    at once). ValueError for pairs that are not a permutation: a negative rank, a rank sent to itself, a source
-    or a destination twice."""
+    at once). ValueError for pairs that are not a permutation (the trace's rules, `pairs_problem`, on ranks)."""
+    from mlopt.formats.trace import pairs_problem
+
     if not nbytes >= 0:
         raise ValueError(f"nbytes must be >= 0, got {nbytes!r}")
-    sources: set[int] = set()
-    destinations: set[int] = set()
-    for k, (src, dst) in enumerate(pairs):
-        if int(src) != src or int(dst) != dst or src < 0 or dst < 0:
-            raise ValueError(f"permute pair {k} ({src}, {dst}): ranks must be non-negative integers")
-        if src == dst:
-            raise ValueError(f"permute pair {k} ({src}, {dst}) sends rank {src} to itself")
-        if src in sources or dst in destinations:
-            twice = f"source {src}" if src in sources else f"destination {dst}"
-            raise ValueError(f"permute pair {k} ({src}, {dst}): {twice} appears twice")
-        sources.add(src)
-        destinations.add(dst)
+    problem = pairs_problem("permute", [list(p) for p in pairs], None)
+    if problem:
+        raise ValueError(f"permute pairs: {problem}")
     return [Message(int(src), int(dst), float(nbytes), label="permute direct") for src, dst in pairs]
 
 

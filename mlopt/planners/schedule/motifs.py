@@ -101,23 +101,18 @@ class CommOp:
 
 
 def _pairs_problem(collective: str, pairs, ranks: tuple[int, ...]) -> str:
-    """Why `pairs` cannot be a comm-op's permutation ("" when it can): a permute needs a non-empty list of
-    (source, destination) members of `ranks`, source != destination, each source and each destination once;
-    other collectives take none."""
-    if collective != "permute":
-        return "" if pairs is None else f"{collective} takes no pairs (only permute does)"
-    if not pairs:
-        return "permute needs a non-empty tuple of (source, destination) pairs"
-    members = set(ranks)
-    if any(s not in members or d not in members for s, d in pairs):
+    """Why `pairs` cannot be a comm-op's permutation ("" when it can): the trace's rules
+    (`mlopt.formats.trace.pairs_problem`) on the ranks' positions, and a permute must move something."""
+    from mlopt.formats.trace import pairs_problem
+
+    position = {r: p for p, r in enumerate(ranks)}
+    if pairs is not None and any(r not in position for pair in pairs for r in pair):
         return f"permute pairs {pairs} name ranks outside {ranks}"
-    if any(s == d for s, d in pairs):
-        return f"permute pairs {pairs} send a rank to itself"
-    for side, name in ((0, "source"), (1, "destination")):
-        seen = [p[side] for p in pairs]
-        if len(set(seen)) != len(seen):
-            return f"permute pairs {pairs} name a {name} twice"
-    return ""
+    if collective == "permute" and not pairs:
+        return "permute needs a non-empty tuple of (source, destination) pairs"
+    at_positions = None if pairs is None else [[position[s], position[d]] for s, d in pairs]
+    problem = pairs_problem(collective, at_positions, len(ranks))
+    return "" if problem is None else f"permute pairs {pairs} (as positions in {ranks}): {problem}"
 
 
 @dataclass(frozen=True)
