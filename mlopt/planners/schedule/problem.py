@@ -205,9 +205,11 @@ class _Timer:
             self.memo[key] = self._direct(pairs, m.length, channel)
         return self.memo[key]
 
-    def _direct(self, pairs: tuple[tuple[int, int], ...], length: int, channel: str | None) -> Timed | None:
-        """Fastest of the single channels (channel None or that one) and the whole topology (None or "*")
-        that link every pair; None when none does."""
+    def _direct(self, pairs: tuple[tuple[int, int], ...], length: int, channel: str | None,
+                measured=lambda c: None) -> Timed | None:
+        """Every pair's `length` bytes sent at once (mode "aware"), or `measured(channel)` where that is not
+        None: the fastest of the single channels (channel None or that one) and the whole topology (None or
+        "*") that link every pair; None when none does."""
         messages = [Message(a, b, float(length)) for a, b in pairs]
         targets = [(c, topo) for c, topo in self.channels.items() if channel in (None, c)]
         if channel in (None, "*"):
@@ -217,7 +219,9 @@ class _Timer:
             links = {(l.src, l.dst) for l in topo.links}
             if any(p not in links for p in pairs):
                 continue
-            t = transfer_time(messages, topo, mode="aware")
+            t = measured(c)
+            if t is None:
+                t = transfer_time(messages, topo, mode="aware")
             if best is None or t < best.duration_us:
                 chans = frozenset([c]) if c is not None else frozenset(self.link_class[p] for p in pairs)
                 best = Timed(t, chans, "direct")
@@ -237,25 +241,16 @@ class _Timer:
                         frozenset([sorted(self.channels)[0]]), "none")
             self.memo[key] = res
             return res
-        messages = [Message(a, b, float(m.length)) for a, b in pairs]
-        targets = [(c, topo) for c, topo in self.channels.items() if channel in (None, c)]
-        if channel in (None, "*"):
-            targets.append((None, self.topology))
-        best: Timed | None = None
         n = len(m.ranks)
         share = len(pairs) / max(1, n * (n - 1))
-        for c, topo in targets:
-            links = {(l.src, l.dst) for l in topo.links}
-            if any(p not in links for p in pairs):
-                continue
-            measured = self._measured("alltoall", n, m.length * n, c)
+
+        def measured(c: str | None) -> float | None:
             # a measured all-to-all over the motif's ranks, scaled by the share of the pairs its pattern moves
-            t = measured * share if measured is not None else transfer_time(messages, topo, mode="aware")
-            if best is None or t < best.duration_us:
-                chans = frozenset([c]) if c is not None else frozenset(self.link_class[p] for p in pairs)
-                best = Timed(t, chans, "direct")
-        self.memo[key] = best
-        return best
+            t = self._measured("alltoall", n, m.length * n, c)
+            return None if t is None else t * share
+
+        self.memo[key] = self._direct(pairs, m.length, channel, measured)
+        return self.memo[key]
 
     def best(self, collective: str, ranks: tuple[int, ...], nbytes: int, *, channel: str | None = None) -> Timed | None:
         """Ring where it can run; else the fastest fallback algorithm that can (missing ring links)."""
