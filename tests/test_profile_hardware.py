@@ -160,6 +160,7 @@ FIXTURE_FACTS = {
     "dgx-h100.txt": (8, True, {(0, 1): 18, (2, 6): 18}, {"NIC0": [0], "NIC5": [3], "NIC9": [7], "NIC3": []}, []),
     "pcie-8gpu.txt": (8, False, {(0, 1): 0}, {"mlx5_0": []}, [[0, 1, 2, 3], [4, 5, 6, 7]]),
     "pcie-rtx4090-8gpu.txt": (8, False, {(0, 7): 0}, {"NIC0": [], "NIC1": []}, []),
+    "h100-1gpu.txt": (1, False, {}, {}, []),
 }
 
 
@@ -200,6 +201,9 @@ def test_fixture_details():
     assert h100.missing_rows == [f"NIC{k}" for k in range(3, 10)]
     assert h100.connection("NIC9", "GPU7").kind == "PIX"  # filled from GPU7's row
     assert h100.numa_affinity[5] == "1"
+    one = parse_topo_matrix((FIXTURES / "h100-1gpu.txt").read_text())  # header underlined by terminal escapes
+    assert "\x1b[4m" in (FIXTURES / "h100-1gpu.txt").read_text()
+    assert one.devices == ["GPU0"] and one.cpu_affinity[0] == "0-15" and one.numa_affinity[0] == "0"
     pcie = parse_topo_matrix((FIXTURES / "pcie-8gpu.txt").read_text())
     assert pcie.gpu_link(0, 1).kind == "PIX" and pcie.gpu_link(0, 2).kind == "PXB" and pcie.gpu_link(0, 4).kind == "SYS"
     assert pcie.nic_gpus("mlx5_0") == [4, 5, 6, 7]  # on its host bridge (PHB), no switch shared
@@ -418,7 +422,7 @@ def test_bad_input_exits_2_naming_the_option(run_cli, tmp_path, args, option):
     assert not out.exists()
 
 
-def test_show_summarises_a_profiled_topology(run_cli, tmp_path):
+def test_show_summarises_a_profiled_topology(run_cli, runtime_library, tmp_path):
     out = tmp_path / "topo.json"
     assert run_cli("profile", "hardware", "-o", out, "--quick", "--no-plot").code == 0
     shown = run_cli("show", out)

@@ -198,9 +198,14 @@ def _is_header(line: str) -> bool:
     return len(tokens) == 1 or parse_cell(tokens[1]).kind not in KINDS
 
 
+_ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")  # CSI sequences (SGR underline, reset)
+
+
 def parse_topo_matrix(text: str, source: str = "nvidia-smi topo -m") -> Layout:
     """Parse `nvidia-smi topo -m` output; InputError naming the line when it is not such a matrix."""
-    lines = text.replace("\r\n", "\n").split("\n")
+    # nvidia-smi underlines the header with terminal escapes even when its output is piped (seen on an H100,
+    # driver 580): drop them before reading columns.
+    lines = _ANSI_ESCAPE.sub("", text).replace("\r\n", "\n").split("\n")
     header_at = next((i for i, l in enumerate(lines) if _is_header(l)), None)
     if header_at is None:
         raise InputError(source, "line 1", "no matrix header with GPU0 (is this `nvidia-smi topo -m` output?)")
