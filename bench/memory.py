@@ -30,7 +30,7 @@ from mlopt.errors import InfeasibleError  # noqa: E402
 from mlopt.formats.io import write_json  # noqa: E402
 from mlopt.formats.trace import load_trace, save_trace  # noqa: E402
 from mlopt.planners.memory.build import build_problem  # noqa: E402
-from mlopt.planners.memory.planner import MemoryOptions, plan_memory  # noqa: E402
+from mlopt.planners.memory.planner import DEFAULT_SEARCH_SHARE, MemoryOptions, plan_memory  # noqa: E402
 from mlopt.planners.memory.plots import plot_tradeoff  # noqa: E402
 from mlopt.planners.options import PlannerOptions  # noqa: E402
 
@@ -73,18 +73,21 @@ def ratios_for(problem, requested: list[float], reference_peak: int) -> list[flo
     return sorted(set(requested) | set(extra))
 
 
-def run_one(problem, model: str, algorithm: str, ratio: float, options: PlannerOptions) -> dict:
-    return run_job(problem, model, (algorithm,), ratio, options)[0]
+def run_one(problem, model: str, algorithm: str, ratio: float, options: PlannerOptions,
+            search_share: float = DEFAULT_SEARCH_SHARE) -> dict:
+    return run_job(problem, model, (algorithm,), ratio, options, search_share)[0]
 
 
-def run_job(problem, model: str, algorithms: tuple[str, ...], ratio: float, options: PlannerOptions) -> list[dict]:
+def run_job(problem, model: str, algorithms: tuple[str, ...], ratio: float, options: PlannerOptions,
+            search_share: float = DEFAULT_SEARCH_SHARE) -> list[dict]:
     """Rows for `algorithms` at one ratio. ("monet", "checkpoint-only") is one monet run: its first solve is
     the checkpoint-only plan (the same call as --algorithm checkpoint-only), reported as that row with its
     own wall time; the monet row's wall time includes it."""
     algorithm = "monet" if "monet" in algorithms else algorithms[0]
     started = time.perf_counter()
     try:
-        result = plan_memory(problem, MemoryOptions(algorithm, budget_ratio=ratio), options, {"model": model})
+        result = plan_memory(problem, MemoryOptions(algorithm, budget_ratio=ratio, search_share=search_share), options,
+                             {"model": model})
     except InfeasibleError as exc:
         return [row_of(model, a, ratio, None, exc, time.perf_counter() - started) for a in algorithms]
     rows = {algorithm: row_of(model, algorithm, ratio, result, None, time.perf_counter() - started)}
@@ -170,6 +173,8 @@ def main() -> None:
     parser.add_argument("--time-limit", type=float, default=300.0, help="seconds per ILP solve")
     parser.add_argument("--mip-gap", type=float, default=1e-4, help="relative gap at which a solve stops")
     parser.add_argument("--jobs", type=int, default=1, help="plans solved at once (one solver thread each)")
+    parser.add_argument("--search-share", type=float, default=DEFAULT_SEARCH_SHARE,
+                        help="share of each ILP's time limit spent on neighbourhood search (mlopt's --search-share)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--append", action="store_true", help="replace only these models' rows in --out")
     parser.add_argument("--doc", type=Path, default=DOC, help="markdown table to write")
@@ -185,7 +190,8 @@ def main() -> None:
     rows, problems, runs = [], {}, []
     command = (f"python bench/memory.py --models {','.join(args.models)} --batch {args.batch} "
                f"--ratios {','.join(map(str, args.ratios))} --algorithms {','.join(args.algorithms)} "
-               f"--time-limit {args.time_limit:g} --mip-gap {args.mip_gap:g} --jobs {args.jobs}" + (" --append" if args.append else "")
+               f"--time-limit {args.time_limit:g} --mip-gap {args.mip_gap:g} --jobs {args.jobs}"
+               + (f" --search-share {args.search_share:g}" if args.search_share != DEFAULT_SEARCH_SHARE else "") + (" --append" if args.append else "")
                + (f" --out {args.out.resolve().relative_to(REPO)}" if args.out.resolve() != RESULTS else "")
                + (f" --doc {args.doc.resolve().relative_to(REPO)}" if args.doc.resolve() != DOC else "")
                + (f" --plots {args.plots.resolve().relative_to(REPO)}" if args.plots.resolve() != REPO / "docs" else ""))
@@ -208,7 +214,8 @@ def main() -> None:
             progress.update(task, description=f"{model}: {len(jobs)} jobs, {args.jobs} at once",
                             total=(progress.tasks[0].total or 0) + len(jobs))
             with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-                futures = [pool.submit(run_job, problem, model, group, ratio, options) for group, ratio in jobs]
+                futures = [pool.submit(run_job, problem, model, group, ratio, options, args.search_share)
+                           for group, ratio in jobs]
                 for future in futures:  # rows in job order, whatever order they finish in
                     rows.extend(future.result())
                     progress.advance(task)

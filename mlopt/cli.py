@@ -514,10 +514,13 @@ def plan_schedule_cmd(ctx: click.Context, model_path, topology_spec, nodes, chun
                    "implementation choice (Checkmate-style); sqrt, store-all, greedy: baselines.")
 @click.option("--sweep", "sweep_text", default=None,
               help="Budget ratios, e.g. 0.3,0.4,...,1.0: one plan each, a table and a PNG in the -o folder.")
+@click.option("--search-share", type=click.FloatRange(min=0, max=1), default=0.5, show_default=True,
+              help="Share of each ILP's --time-limit kept for large-neighbourhood search when branch and bound "
+                   "has not proved its plan optimal by then (0: off).")
 @planner_options
 @click.pass_context
 def plan_memory_cmd(ctx: click.Context, model_path, budget_text, budget_ratio, ops_path, algorithm, sweep_text,
-                    **kwargs) -> None:
+                    search_share, **kwargs) -> None:
     """Checkpointing and operator implementations under a memory budget (MONeT); -o memory.plan.json."""
     from mlopt.formats.io import read_document, write_json
     from mlopt.formats.loaders import load_trace_any
@@ -533,13 +536,13 @@ def plan_memory_cmd(ctx: click.Context, model_path, budget_text, budget_ratio, o
     options = _planner_options_from(kwargs)
     inputs = {"model": model_path, "ops": ops_path}
     if _check_or_write(ctx, "memory", kwargs, inputs, options,
-                       MemoryOptions(algorithm, budget, budget_ratio).to_dict()):
+                       MemoryOptions(algorithm, budget, budget_ratio, search_share=search_share).to_dict()):
         return
     with _progress(ctx, f"planning memory for {model_path}") as progress:
         problem = build_problem(load_trace_any(model_path), profile, source=ops_path or model_path)
         for warning in problem.warnings:
             warnings.warn(warning)
-        memory_options = MemoryOptions(algorithm, budget, budget_ratio, profile)
+        memory_options = MemoryOptions(algorithm, budget, budget_ratio, profile, search_share)
         if sweep_text:
             _memory_sweep(ctx, problem, sweep_text, memory_options, options, Path(kwargs["output"]), inputs,
                           kwargs["as_json"], progress)

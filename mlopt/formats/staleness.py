@@ -129,6 +129,8 @@ def recorded_options(plan: PlanFile, source: str) -> dict[str, tuple[str, Any]]:
         names = ("algorithm", "budget_ratio") if payload.get("budget_ratio") is not None else (
             "algorithm", "budget_bytes", "budget_ratio")
         out.update({name: (f"$.payload.{name}", payload.get(name)) for name in names})
+        if "search_share" in payload:  # plans made before the search existed record none (they are stale)
+            out["search_share"] = ("$.payload.search_share", payload["search_share"])
     return out
 
 

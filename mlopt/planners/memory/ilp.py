@@ -69,6 +69,7 @@ from typing import Any
 
 import numpy as np
 
+from mlopt.planners.memory import neighbourhood
 from mlopt.planners.memory.problem import MemoryProblem
 from mlopt.planners.memory.schedule import BackwardStage, ForwardStep, Schedule
 from mlopt.planners.options import PlannerOptions
@@ -902,7 +903,8 @@ def schedule_compute_us(problem: MemoryProblem, schedule: Schedule) -> float:
 
 def solve_memory_ilp(problem: MemoryProblem, budget_bytes: int, options: PlannerOptions, joint: bool = True,
                      warm_start: Schedule | None = None, dump_suffix: str = "", *,
-                     window: int | None = None, start_window: int | None = None) -> IlpOutcome:
+                     window: int | None = None, start_window: int | None = None,
+                     search_share: float = 0.0) -> IlpOutcome:
     """Solve MONeT's ILP (joint=True) or the checkpoint-only ILP (joint=False) under `budget_bytes`.
 
     The result's objective is the decoded schedule's compute time (4.9), its gap the solver's.
@@ -915,9 +917,13 @@ def solve_memory_ilp(problem: MemoryProblem, budget_bytes: int, options: Planner
     `start_window` replaces DEFAULT_WINDOW as the first window (e.g. the window a warm start came from).
     Without a time limit there is one solve at DEFAULT_WINDOW.
     Windows are capped so that a model stays under about DEFAULT_MAX_ROWS rows.
+    `search_share` > 0 (with a time limit): each solve stops branch and bound after (1 - search_share)
+    of its limit; if that did not prove optimality, large-neighbourhood search (neighbourhood.py) improves
+    the incumbent for the rest, and the result keeps the branch-and-bound bound.
     """
     if window is not None or options.time_limit_s is None:
-        return _solve_once(problem, budget_bytes, options, joint, warm_start, dump_suffix, window, window is None)
+        return _solve_once(problem, budget_bytes, options, joint, warm_start, dump_suffix, window, window is None,
+                           search_share)
     t0 = time.perf_counter()
     deadline = t0 + options.time_limit_s
     w = DEFAULT_WINDOW if start_window is None else max(1, int(start_window))
@@ -928,7 +934,7 @@ def solve_memory_ilp(problem: MemoryProblem, budget_bytes: int, options: Planner
     while True:
         remaining = deadline - time.perf_counter()
         out = _solve_once(problem, budget_bytes, replace(options, time_limit_s=max(remaining, 1e-3)), joint, warm,
-                          dump_suffix, w, True)
+                          dump_suffix, w, True, search_share)
         phases.append({"window": out.stats["window"], "status": out.result.status.value,
                        "objective": out.result.objective, "rows": out.stats["rows"], "cols": out.stats["cols"],
                        "warm_start": out.stats["warm_start"], "build_s": out.stats["build_s"],
@@ -961,8 +967,35 @@ def _cost_or_none(problem: MemoryProblem, schedule: Schedule | None) -> float | 
         return None
 
 
+def _search_from(builder: "_Builder", form: Any, result: SolveResult, solver: Any, options: PlannerOptions,
+                 seconds: float) -> Any:
+    """Large-neighbourhood search (neighbourhood.py) from the solver's incumbent for `seconds`; None when
+    the rounded incumbent is not feasible (the search only moves between feasible vectors)."""
+    x = np.array(result.x, dtype=np.float64)
+    x[form.integrality] = np.round(x[form.integrality])
+    builder._fill_aux(x)
+    if seconds <= 0 or not is_feasible(form, x):
+        return None
+    return neighbourhood.search(form, builder.meaning, builder.n, x, solver, options.solve_options(), seconds,
+                                builder._fill_aux)
+
+
+def _not_worse_than(result: SolveResult, form: Any, x: np.ndarray) -> SolveResult:
+    """The solver's result, or the searched vector x (feasible: checked against every row) when it is
+    cheaper or the solver returned none, e.g. stopped by its limit before taking its start. The bound is
+    the solver's when it has one that x respects."""
+    cost = float(form.c @ x + form.constant)
+    if result.status.has_solution and result.objective is not None and result.objective <= cost:
+        return result
+    status = Status.OPTIMAL if result.status is Status.OPTIMAL else Status.FEASIBLE
+    bound = result.best_bound if result.best_bound is not None and result.best_bound <= cost else None
+    return replace(result, status=status, objective=cost, best_bound=bound, x=x,
+                   gap=relative_gap(status, cost, bound))
+
+
 def _solve_once(problem: MemoryProblem, budget_bytes: int, options: PlannerOptions, joint: bool,
-                warm_start: Schedule | None, dump_suffix: str, window: int | None, cap_rows: bool) -> IlpOutcome:
+                warm_start: Schedule | None, dump_suffix: str, window: int | None, cap_rows: bool,
+                search_share: float = 0.0) -> IlpOutcome:
     t0 = time.perf_counter()
     builder = _Builder(problem, budget_bytes, joint, window, cap_rows)
     builder.build()
@@ -1009,7 +1042,14 @@ def _solve_once(problem: MemoryProblem, budget_bytes: int, options: PlannerOptio
     solver, note = resolve_solver(options.solver)
     stats["solver_choice"] = note
     t1 = time.perf_counter()
-    result = solver.solve(form, options.solve_options(dump_suffix), start=start)
+    searching = search_share > 0 and options.time_limit_s is not None
+    exact = replace(options, time_limit_s=options.time_limit_s * (1 - search_share)) if searching else options
+    result = solver.solve(form, exact.solve_options(dump_suffix), start=start)
+    if searching and result.status is Status.FEASIBLE:  # branch and bound stopped at its limit: search on
+        found = _search_from(builder, form, result, solver, options, options.time_limit_s - (time.perf_counter() - t1))
+        if found is not None:
+            stats["search"] = found.stats
+            result = _not_worse_than(result, form, found.x)
     stats["solve_s"] = time.perf_counter() - t1
 
     schedule = None
