@@ -19,6 +19,7 @@
 #include <mutex>
 #include <new>
 #include <set>
+#include <system_error>  // std::system_error (std::thread's failures); not implied by <thread> on every libstdc++
 #include <thread>
 #include <tuple>
 
