@@ -8,6 +8,7 @@ the planner, a searched plan validates, records the search and is never worse th
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -208,3 +209,22 @@ def test_a_plan_made_with_another_share_is_stale(run_cli, ddp_example_trace, tmp
     other = run_cli("plan", "memory", "--model", ddp_example_trace, "--budget-ratio", "1.0", "--search-share", "0",
                     "--check", plan)
     assert other.code == 1 and "search_share ($.payload.search_share): recorded 0.5, now 0" in other.out + other.err
+
+
+def test_the_first_window_holds_the_whole_warm_start():
+    from mlopt.planners.memory.ilp import DEFAULT_WINDOW, WINDOW_GROWTH, _window_for_start
+    from mlopt.planners.memory.schedule import BackwardStage, Schedule
+
+    _, problem, budget, start = next(_binding_cases([2]))
+    builder = _Builder(problem, budget, True, None, False)
+    assert builder.window_for(start.schedule) <= builder.full_window
+    # A schedule that recomputes node 0 at the last stage needs a window reaching from that stage's highest
+    # needed value down to node 0.
+    last = max(builder.active)
+    far = Schedule(start.schedule.forward, tuple(
+        BackwardStage(b.node, b.impl, ((0, problem.nodes[0].forward[0].name),) if b.node == last else (), b.keep)
+        for b in start.schedule.backward))
+    assert builder.window_for(far) == builder.hi[last] + 1
+    chosen = _window_for_start(problem, budget, True, far)
+    assert chosen is None if builder.hi[last] + 1 <= DEFAULT_WINDOW else chosen >= builder.hi[last] + 1
+    assert _window_for_start(problem, budget, True, start.schedule) in (None, math.ceil(DEFAULT_WINDOW * WINDOW_GROWTH))

@@ -325,6 +325,22 @@ class _Builder:
             self.touch[j] |= self.need[j]
         self.min_need = [min(s) if s else math.inf for s in self.need]
 
+    def window_for(self, schedule: Schedule) -> int:
+        """The least window whose model has a recomputation variable for every recomputation of `schedule`
+        (those at merged stages counted at the next active stage, as `encode` moves them); 1 if none."""
+        active = set(self.active)
+        need, moved = 1, []
+        for stage in sorted(schedule.backward, key=lambda b: -b.node):
+            rec = moved + [i for i, _ in stage.recompute]
+            if stage.node not in active:
+                moved = rec
+                continue
+            moved = []
+            for i in rec:
+                if i not in self.pinned:
+                    need = max(need, self.hi[stage.node] - i + 1)
+        return need
+
     def _out_extra(self, i: int, impl) -> int:
         """New bytes forward_i allocates for its output: |x_i|, in place max(0, |x_i| - |x_j|)."""
         if not impl.inplace:
@@ -926,6 +942,8 @@ def solve_memory_ilp(problem: MemoryProblem, budget_bytes: int, options: Planner
                            search_share)
     t0 = time.perf_counter()
     deadline = t0 + options.time_limit_s
+    if start_window is None and warm_start is not None:  # a first model that can take the whole start
+        start_window = _window_for_start(problem, budget_bytes, joint, warm_start)
     w = DEFAULT_WINDOW if start_window is None else max(1, int(start_window))
     warm = warm_start
     warm_cost = _cost_or_none(problem, warm_start)
@@ -956,6 +974,21 @@ def solve_memory_ilp(problem: MemoryProblem, budget_bytes: int, options: Planner
     stats["build_s"] = sum(p.pop("build_s") for p in phases)
     stats["solve_s"] = sum(p.pop("solve_s") for p in phases)
     return IlpOutcome(best.schedule, best.result, stats)
+
+
+def _window_for_start(problem: MemoryProblem, budget_bytes: int, joint: bool, warm_start: Schedule) -> int | None:
+    """The first window of the growth sequence (DEFAULT_WINDOW, x WINDOW_GROWTH, ...) that holds every
+    recomputation of the warm start, so that the first solve starts from all of it rather than from its
+    forward choices only; None (the default) when DEFAULT_WINDOW already does or the schedule does not fit
+    the model (wrong size)."""
+    try:
+        need = _Builder(problem, budget_bytes, joint, None, True).window_for(warm_start)
+    except (KeyError, IndexError):
+        return None
+    w = DEFAULT_WINDOW
+    while w < need:
+        w = int(math.ceil(w * WINDOW_GROWTH))
+    return None if w == DEFAULT_WINDOW else w
 
 
 def _cost_or_none(problem: MemoryProblem, schedule: Schedule | None) -> float | None:
