@@ -228,3 +228,14 @@ def test_the_first_window_holds_the_whole_warm_start():
     chosen = _window_for_start(problem, budget, True, far)
     assert chosen is None if builder.hi[last] + 1 <= DEFAULT_WINDOW else chosen >= builder.hi[last] + 1
     assert _window_for_start(problem, budget, True, start.schedule) in (None, math.ceil(DEFAULT_WINDOW * WINDOW_GROWTH))
+
+
+def test_a_full_share_searches_from_the_warm_start(monkeypatch):
+    # share 1: branch and bound gets no time of its own (1 ms); the search starts from the warm start.
+    seed, problem, budget, start = next(_binding_cases([2]))
+    out = solve_memory_ilp(problem, budget, OPTS, joint=True, warm_start=start.schedule, window=problem.n,
+                           search_share=1.0)
+    assert out.schedule is not None
+    assert out.result.objective <= start.result.objective + 1e-9
+    played = replay(problem, out.schedule)
+    assert played.peak_bytes <= budget and played.compute_us == pytest.approx(out.result.objective)

@@ -1000,14 +1000,15 @@ def _cost_or_none(problem: MemoryProblem, schedule: Schedule | None) -> float | 
         return None
 
 
-def _search_from(builder: "_Builder", form: Any, result: SolveResult, solver: Any, options: PlannerOptions,
+def _search_from(builder: "_Builder", form: Any, origin: np.ndarray | None, solver: Any, options: PlannerOptions,
                  seconds: float) -> Any:
-    """Large-neighbourhood search (neighbourhood.py) from the solver's incumbent for `seconds`; None when
-    the rounded incumbent is not feasible (the search only moves between feasible vectors)."""
-    x = np.array(result.x, dtype=np.float64)
-    x[form.integrality] = np.round(x[form.integrality])
-    builder._fill_aux(x)
-    if seconds <= 0 or not is_feasible(form, x):
+    """Large-neighbourhood search (neighbourhood.py) from `origin` (the solver's incumbent, or the complete
+    warm start when the solver stopped before taking it) for `seconds`; None without an origin, time, or
+    feasibility after rounding (the search only moves between feasible vectors)."""
+    if origin is None or seconds <= 0:
+        return None
+    x = neighbourhood.rounded(form, origin, builder._fill_aux)
+    if not is_feasible(form, x):
         return None
     return neighbourhood.search(form, builder.meaning, builder.n, x, solver, options.solve_options(), seconds,
                                 builder._fill_aux)
@@ -1076,10 +1077,12 @@ def _solve_once(problem: MemoryProblem, budget_bytes: int, options: PlannerOptio
     stats["solver_choice"] = note
     t1 = time.perf_counter()
     searching = search_share > 0 and options.time_limit_s is not None
-    exact = replace(options, time_limit_s=options.time_limit_s * (1 - search_share)) if searching else options
+    exact = (replace(options, time_limit_s=max(options.time_limit_s * (1 - search_share), 1e-3)) if searching
+             else options)
     result = solver.solve(form, exact.solve_options(dump_suffix), start=start)
-    if searching and result.status is Status.FEASIBLE:  # branch and bound stopped at its limit: search on
-        found = _search_from(builder, form, result, solver, options, options.time_limit_s - (time.perf_counter() - t1))
+    if searching and result.status in (Status.FEASIBLE, Status.TIME_LIMIT_NO_SOLUTION):  # stopped at its limit
+        origin = result.x if result.status is Status.FEASIBLE else (start if isinstance(start, np.ndarray) else None)
+        found = _search_from(builder, form, origin, solver, options, options.time_limit_s - (time.perf_counter() - t1))
         if found is not None:
             stats["search"] = found.stats
             result = _not_worse_than(result, form, found.x)
@@ -1087,9 +1090,7 @@ def _solve_once(problem: MemoryProblem, budget_bytes: int, options: PlannerOptio
 
     schedule = None
     if result.status.has_solution and result.x is not None:
-        x = np.array(result.x, dtype=np.float64)
-        x[form.integrality] = np.round(x[form.integrality])
-        builder._fill_aux(x)  # least auxiliaries for the rounded binaries
+        x = neighbourhood.rounded(form, result.x, builder._fill_aux)  # least auxiliaries for the rounded binaries
         violation = float(max_violation(form, x))
         stats["solution_max_violation"] = violation
         if violation > 1e-6:

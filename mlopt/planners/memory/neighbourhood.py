@@ -99,7 +99,7 @@ def search(form: MatrixForm, meanings: list[tuple], num_nodes: int, x0: np.ndarr
         result = solver.solve(replace(form, col_lb=col_lb, col_ub=col_ub),
                               replace(options, time_limit_s=limit, dump_model=None), start=best_x)
         rounds += 1
-        x = _rounded(form, result, fill_aux)
+        x = rounded(form, result.x, fill_aux) if result.status.has_solution and result.x is not None else None
         if x is not None and cost(x) < best - MIN_GAIN * abs(best) and is_feasible(form, x):
             best_x, best = x, cost(x)
             gains, misses = gains + 1, 0
@@ -110,10 +110,9 @@ def search(form: MatrixForm, meanings: list[tuple], num_nodes: int, x0: np.ndarr
     return SearchOutcome(best_x, stats)
 
 
-def _rounded(form: MatrixForm, result: Any, fill_aux: Callable[[np.ndarray], None]) -> np.ndarray | None:
-    if not result.status.has_solution or result.x is None:
-        return None
-    x = np.array(result.x, dtype=np.float64)
-    x[form.integrality] = np.round(x[form.integrality])
-    fill_aux(x)
-    return x
+def rounded(form: MatrixForm, x: np.ndarray, fill_aux: Callable[[np.ndarray], None]) -> np.ndarray:
+    """A copy of the solver's vector x with binaries rounded and auxiliaries at their least values."""
+    out = np.array(x, dtype=np.float64)
+    out[form.integrality] = np.round(out[form.integrality])
+    fill_aux(out)
+    return out
