@@ -556,9 +556,12 @@ def plan_memory_cmd(ctx: click.Context, model_path, budget_text, budget_ratio, o
                      **predicted})
         return
     gap = f", gap {plan_obj.gap * 100:.2f}%" if plan_obj.gap is not None else ""
+    vs_least = predicted.get("compute_overhead_vs_least")
+    least = (f", {vs_least * 100:+.1f}% over the fastest implementations"
+             if vs_least is not None and abs(vs_least - predicted["compute_overhead"]) >= 5e-4 else "")
     _say(ctx, f"{algorithm}: peak {format_size(predicted['peak_bytes'])} <= budget {format_size(payload['budget_bytes'])} "
               f"({predicted['memory_ratio']:.2f}x store-all {format_size(payload['store_all']['peak_bytes'])}), "
-              f"compute {predicted['compute_overhead'] * 100:+.1f}% ({plan_obj.status.value}{gap}); "
+              f"compute {predicted['compute_overhead'] * 100:+.1f}%{least} ({plan_obj.status.value}{gap}); "
               f"wrote {kwargs['output']}")
 
 

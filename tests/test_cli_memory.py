@@ -114,6 +114,31 @@ def test_validate_needs_the_model_and_catches_tampering(run_cli, tiny_trace, tmp
     broken.write_text(json.dumps(doc))
     r = run_cli("validate", broken, "--model", tiny_trace)
     assert r.code == 2 and "$.payload.schedule" in r.err
+    doc = json.loads(out.read_text())
+    doc["payload"]["predicted"]["compute_overhead_vs_least"] -= 0.01
+    flattering = tmp_path / "flattering.plan.json"
+    flattering.write_text(json.dumps(doc))
+    r = run_cli("validate", flattering, "--model", tiny_trace)
+    assert r.code == 2 and "compute_overhead_vs_least" in r.err
+    doc = json.loads(out.read_text())
+    doc["payload"]["model"]["least_compute_us"] *= 1.5
+    flattering.write_text(json.dumps(doc))
+    r = run_cli("validate", flattering, "--model", tiny_trace)
+    assert r.code == 2 and "least_compute_us" in r.err
+
+
+@pytest.mark.parametrize("algorithm", ("monet", "store-all"))
+def test_overhead_against_the_fastest_implementations(run_cli, tiny_trace, tmp_path, algorithm):
+    """No schedule computes less than every operator once at its fastest implementation."""
+    out = tmp_path / "p.plan.json"
+    assert plan(run_cli, tiny_trace, out, "--algorithm", algorithm, "--budget-ratio", "1.0" if algorithm == "store-all"
+                else "0.7").code == 0
+    payload = json.loads(out.read_text())["payload"]
+    least, predicted = payload["model"]["least_compute_us"], payload["predicted"]
+    assert 0 < least <= payload["store_all"]["compute_us"]
+    assert predicted["compute_overhead_vs_least"] == pytest.approx(predicted["compute_us"] / least - 1.0)
+    assert predicted["compute_overhead_vs_least"] >= -1e-12
+    assert predicted["compute_overhead_vs_least"] >= predicted["compute_overhead"] - 1e-12
 
 
 def test_plan_for_another_trace_is_rejected(run_cli, tiny_trace, tmp_path, tmp_path_factory):
@@ -190,3 +215,19 @@ def test_trace_using_a_tensor_before_it_is_produced_exits_2_naming_the_op(run_cl
     r = plan(run_cli, bad, out, "--budget-ratio", "0.8")
     assert r.code == 2 and "$.ops[0].inputs[2]" in r.err and "op 0 (aten::linear) uses tensor 6" in r.err
     assert not out.exists()
+
+
+def test_summary_names_the_overhead_over_the_fastest_implementations(run_cli, tiny_trace, tmp_path):
+    ops = tmp_path / "ops.json"
+    ops.write_text(json.dumps({"format": "mlopt-op-profile", "schema_version": "1.0",
+                               "ops": {"aten::convolution": {"backward": [{"name": "fast", "time_factor": 0.5,
+                                                                           "workspace_per_output_byte": 0.0}]}}}))
+    out = tmp_path / "p.plan.json"
+    r = plan(run_cli, tiny_trace, out, "--algorithm", "store-all", "--budget-ratio", "1", "--ops", ops)
+    assert r.code == 0, r.err
+    assert "compute +0.0%" in r.err and "over the fastest implementations" in r.err
+    payload = json.loads(out.read_text())["payload"]
+    assert payload["predicted"]["compute_overhead_vs_least"] > 0
+    assert run_cli("validate", out, "--model", tiny_trace).code == 0
+    plain = plan(run_cli, tiny_trace, tmp_path / "q.plan.json", "--algorithm", "store-all", "--budget-ratio", "1")
+    assert "fastest" not in plain.err

@@ -279,3 +279,71 @@ def test_unmeasured_times_get_defaults_and_a_warning():
     assert any("no measured compute_us" in w for w in problem.warnings)
     foo = problem.nodes[0]
     assert foo.forward[0].compute_us == pytest.approx(1.0 + (1024 + 64 + 1024) / 10_000)
+
+
+# --------------------------------------------------------------------------------------- measured factors
+
+
+def _profiled(trace: ModelTrace, checks: dict) -> ModelTrace:
+    from dataclasses import replace
+
+    return replace(trace, source={**trace.source, "operator_profile": {"catalog_checks": checks}})
+
+
+def _check(value) -> dict:
+    return {"measured": value, "catalog": 1.0, "meaning": "test", "ops": 5}
+
+
+def test_measured_catalog_factors_replace_the_constants(resnet):
+    from mlopt.planners.memory import catalog
+
+    trace, plain = resnet
+    checks = {"relu_outofplace_time_factor": _check(5.0), "relu_mask_time_factor": _check(2.0),
+              "relu_intermediate_activated_time_factor": _check(1.5), "bn_rebuild_time_factor": _check(3.0),
+              "bn_reuse_stats_time_factor": _check(0.5)}
+    problem = build_problem(_profiled(trace, checks), source="tiny")
+    assert problem.cost_source == "trace+measured catalog factors" and plain.cost_source == "trace"
+    assert problem.metadata["measured_catalog_factors"] == {
+        "relu_outofplace": 5.0, "relu_mask": 2.0, "relu_intermediate_activated": 1.5, "bn_rebuild": 3.0,
+        "bn_reuse_stats": 0.5}
+    assert "measured_catalog_factors" not in plain.metadata
+    assert plain.metadata["catalog_factors"]["bn_rebuild"] == {"value": catalog.BN_REBUILD_TIME_FACTOR,
+                                                               "source": "catalog"}
+    for relu, old in zip(by_name(problem, "aten::relu_"), by_name(plain, "aten::relu_")):
+        inplace, outofplace = relu.forward
+        assert inplace.compute_us == old.forward[0].compute_us  # the traced variant keeps its time
+        assert outofplace.compute_us == pytest.approx(5.0 * inplace.compute_us)
+        assert old.forward[1].compute_us == old.forward[0].compute_us
+        mask = problem.nodes[relu.index + 1]
+        assert mask.forward[0].compute_us == pytest.approx(2.0 * inplace.compute_us)
+        out_act, inter = relu.backward
+        assert inter.compute_us == pytest.approx(1.5 * out_act.compute_us)
+    for bn, old in zip(by_name(problem, "aten::native_batch_norm"), by_name(plain, "aten::native_batch_norm")):
+        rebuilt = next(b for b in bn.backward if b.name == "output-activated")
+        assert rebuilt.compute_us == pytest.approx(4.0 * bn.backward[0].compute_us)
+        assert rebuilt.workspace_bytes == next(b for b in old.backward if b.name == "output-activated").workspace_bytes
+        reuse = next(f for f in bn.forward if f.name == catalog.BN_REUSE_STATS)
+        assert reuse.compute_us == pytest.approx(0.5 * bn.forward[0].compute_us)
+
+
+@pytest.mark.parametrize("checks", [None, [], {"relu_mask_time_factor": "x"},
+                                    {"relu_mask_time_factor": {"measured": -1.0}},
+                                    {"relu_mask_time_factor": {"measured": float("nan")}},
+                                    {"relu_mask_time_factor": {"catalog": 0.1}}])
+def test_unusable_checks_keep_the_catalog_constants(checks):
+    from mlopt.planners.memory import catalog
+
+    assert catalog.CatalogFactors.from_checks(checks) == catalog.CatalogFactors()
+    assert catalog.CatalogFactors().relu_mask == catalog.MASK_TIME_FACTOR
+
+
+def test_a_plan_on_a_profiled_trace_names_the_measured_factors(resnet):
+    from mlopt.planners.memory.planner import MemoryOptions, plan_memory
+    from mlopt.planners.options import PlannerOptions
+
+    trace, _ = resnet
+    problem = build_problem(_profiled(trace, {"relu_outofplace_time_factor": _check(3.0)}), source="tiny")
+    result = plan_memory(problem, MemoryOptions(algorithm="store-all", budget_ratio=1.0), PlannerOptions(), {})
+    model = result.plan.payload["model"]
+    assert model["catalog_factors"] == {"relu_outofplace": 3.0}
+    assert model["cost_source"].endswith("+measured catalog factors")

@@ -6,7 +6,7 @@
     with executor:                      # forward AND loss: the trace's forward includes the loss
         loss = loss_fn(model(inputs), targets)
     loss.backward()                     # recomputations happen here, stage by stage
-    print(executor.fallbacks)           # plan choices PyTorch has no counterpart for, run as default
+    print(executor.fallbacks)           # plan choices this runtime cannot apply per operator, run as default
 
 The executor works at the aten level for any nn.Module whose step `mlopt.runtime.torch_trace` traced
 (same model, batch shape and loss, model in the same train/eval mode; targets made outside the
@@ -20,9 +20,10 @@ the replay's greedy freeing inside a stage); ReLU backward "intermediate-activat
 sign mask. Random ops the plan recomputes (dropout's bernoulli_) run again under the RNG state they
 first ran with: identical masks (5056 bytes of RNG state kept per such op on CPU).
 
-Falls back to the default, and says so in `executor.fallbacks`: operator implementations PyTorch does
-not let one pick per call on this device (convolution algorithms or workspace variants from an --ops
-profile), and an in-place forward the model's code runs out of place. The reverse (the plan wants the
+Falls back to the default, and says so in `executor.fallbacks`: operator implementations from a profile
+or an --ops document (convolution algorithms, memory formats such as CPU channels-last, workspace
+variants), which this runtime does not switch per operator (PyTorch offers some of them only as global
+switches or as the model's own memory format), and an in-place forward the model's code runs out of place. The reverse (the plan wants the
 out-of-place forward of an op the model runs in place, because its input is stored) is honoured by
 copying the stored input first, which costs what out of place costs; it is listed in `executor.notes`.
 

@@ -321,7 +321,7 @@ class PlanExecutor:
                 self.mask_of[node.intermediate_of] = node.index
             else:
                 self.sides.setdefault(node.intermediate_of, []).append(node.index)
-        self.fallbacks: list[str] = []  # plan choices PyTorch has no counterpart for here, run as default
+        self.fallbacks: list[str] = []  # plan choices this runtime cannot apply per operator, run as default
         self.notes: list[str] = []  # where the run differs from the plan's letter but not its memory
         self._said: set[str] = set()
         self.recomputed: list[tuple[int, int]] = []  # (stage, node) in the order they ran, last step
@@ -404,12 +404,12 @@ class PlanExecutor:
                               "it in place, so its input's stored value is kept by a copy (same memory)")
                 else:
                     self._say("fallback", f"node {node.index} ({node.name}): forward '{chosen.name}' has no PyTorch "
-                              f"counterpart on this device; ran '{default.name}'")
+                              f"counterpart this runtime applies per operator; ran '{default.name}'")
             impl = self._backward_impl(node.index)
             if impl is not None and node.backward and impl.name != node.backward[0].name:
                 if self._mask_dep(node.index, impl) is None and self._rebuilds_input(node.index, impl) is None:
                     self._say("fallback", f"node {node.index} ({node.name}): backward '{impl.name}' has no PyTorch "
-                              f"counterpart on this device; autograd ran '{node.backward[0].name}'")
+                              f"counterpart this runtime applies per operator; autograd ran '{node.backward[0].name}'")
 
     # -------------------------------------------------------------------------------------- context
 
@@ -817,8 +817,8 @@ class PlanExecutor:
             impl = None  # the statistics are not live: the recorded op (a note says so)
         default = node.forward[0]
         if impl is not None and impl.name != default.name and impl.inplace == default.inplace:
-            self._say("fallback", f"node {i} ({node.name}): recompute '{impl.name}' has no PyTorch counterpart on "
-                      f"this device; ran '{default.name}'")
+            self._say("fallback", f"node {i} ({node.name}): recompute '{impl.name}' has no counterpart this runtime "
+                      f"applies per operator; ran '{default.name}'")
         wanted = {j for j, _ in self.stage[k].recompute}
         values = self._run(i, impl, k, inplace=impl is not None and impl.inplace and not on_demand)
         step.live[i] = values[i]

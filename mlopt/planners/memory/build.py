@@ -119,7 +119,8 @@ def _activation_outputs(op: Op, tensors: dict[int, Tensor]) -> list[int]:
     return [t for t in dict.fromkeys(op.outputs) if tensors[t].kind == "activation" and tensors[t].bytes > 0]
 
 
-def _forward_drafts(trace: ModelTrace, tensors: dict[int, Tensor], times: dict[int, list[float]]) -> _Forward:
+def _forward_drafts(trace: ModelTrace, tensors: dict[int, Tensor], times: dict[int, list[float]],
+                    factors: catalog.CatalogFactors) -> _Forward:
     drafts: list[_Draft] = []
     producer: dict[int, int] = {}
     node_of_op: dict[int, int] = {}
@@ -156,7 +157,7 @@ def _forward_drafts(trace: ModelTrace, tensors: dict[int, Tensor], times: dict[i
             mask_of[main] = len(drafts)
             drafts.append(_Draft(index=len(drafts), op=op, name=catalog.MASK_NODE_NAME,
                                  out_bytes=catalog.mask_bytes(_numel(tensors[primary])), inputs=(main,),
-                                 role="mask", time_us=catalog.mask_impl(times[op.id][0]).compute_us,
+                                 role="mask", time_us=catalog.mask_impl(times[op.id][0], factors).compute_us,
                                  intermediate_of=main))
     if pending_us and drafts:  # trailing node-less ops (e.g. detach of the loss) join the last main node
         last = max(d.index for d in drafts if d.role == "main")
@@ -310,6 +311,12 @@ def _inplace_legal(d: _Draft, users: list[list[int]], finals: tuple[int, ...]) -
     return all(u <= d.index for u in users[j]) and j not in finals
 
 
+def catalog_factors(trace: ModelTrace) -> catalog.CatalogFactors:
+    """The catalog's time factors, measured ones where `mlopt profile operators` profiled this trace."""
+    profiled = trace.source.get("operator_profile") if isinstance(trace.source, dict) else None
+    return catalog.CatalogFactors.from_checks(profiled.get("catalog_checks") if isinstance(profiled, dict) else None)
+
+
 def build_problem(trace: ModelTrace, profile: dict | None = None, source: str = "<trace>", *,
                   profile_source: str | None = None) -> MemoryProblem:
     """The MONeT problem of one traced training step; `profile` is a parsed `--ops` document (catalog.py),
@@ -318,7 +325,8 @@ def build_problem(trace: ModelTrace, profile: dict | None = None, source: str = 
     ops_profile = catalog.parse_profile(profile, profile_source) if profile is not None else {}
     tensors = trace.tensor_map()
     times, defaulted = _op_times(trace, tensors)
-    fwd = _forward_drafts(trace, tensors, times)
+    factors = catalog_factors(trace)
+    fwd = _forward_drafts(trace, tensors, times, factors)
     drafts = fwd.drafts
     n = len(drafts)
     users = _forward_users(drafts)
@@ -346,7 +354,7 @@ def build_problem(trace: ModelTrace, profile: dict | None = None, source: str = 
             legal = d.inplace_input is None and _inplace_legal(d, users, finals)
             forward = catalog.forward_impls(d.name, traced, inplace_legal=legal, out_bytes=d.out_bytes,
                                             profile=ops_profile.get(d.name),
-                                            has_intermediates=d.index in with_sides)
+                                            has_intermediates=d.index in with_sides, factors=factors)
             inplace_input = d.inplace_input
             if inplace_input is None and any(f.inplace for f in forward):
                 inplace_input = d.inputs[0]
@@ -355,9 +363,10 @@ def build_problem(trace: ModelTrace, profile: dict | None = None, source: str = 
                 traced_b = _traced_backward(d.index, stages[d.index], times, d.inputs, intermediates)
                 backward = catalog.backward_impls(d.name, traced_b, node=d.index, mask=fwd.mask_of.get(d.index),
                                                   out_bytes=d.out_bytes, profile=ops_profile.get(d.name),
-                                                  input_node=d.inputs[0] if d.inputs else None)
+                                                  input_node=d.inputs[0] if d.inputs else None, factors=factors)
         else:
-            forward = (catalog.mask_impl(times[d.op.id][0]) if d.role == "mask" else ForwardImpl("default", 0.0),)
+            forward = (catalog.mask_impl(times[d.op.id][0], factors) if d.role == "mask"
+                       else ForwardImpl("default", 0.0),)
             inplace_input = None
             backward = ()
         forward, dropped_f = catalog.drop_dominated_forward(forward)
@@ -408,7 +417,13 @@ def build_problem(trace: ModelTrace, profile: dict | None = None, source: str = 
         "forward_us": round(sum(node.forward[0].compute_us for node in nodes if node.intermediate_of is None), 3),
         "backward_us": round(sum(node.backward[0].compute_us for node in nodes if node.backward), 3),
         "gradient_peak_bytes": max((node.grad_live_bytes + node.y_bytes for node in nodes), default=0),
+        "catalog_factors": factors.described(),
     }
+    measured_factors = {name: f["value"] for name, f in metadata["catalog_factors"].items()
+                        if f["source"] == "measured"}
+    if measured_factors:
+        cost_source += "+measured catalog factors"
+        metadata["measured_catalog_factors"] = measured_factors
     return MemoryProblem(name=trace.name, nodes=tuple(nodes), constant_bytes=_constant_bytes(trace),
                          final_outputs=finals, warnings=tuple(warnings), cost_source=cost_source,
                          metadata=metadata)

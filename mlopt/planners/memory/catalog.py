@@ -39,6 +39,12 @@ backward profile entry keeps the default's dependencies.
                                                 "workspace_per_output_byte": 9.0}],
                                    "backward": [...]}}}
 
+The factors of the alternatives the catalog models (the other ReLU variant, the sign mask, the mask-reading
+ReLU backward, the batch-norm rebuild and reuse-stats) are the constants below, or, on a trace that
+`mlopt profile operators` profiled, the values it measured on the trace's own ops (CatalogFactors): on
+ResNet-50 at batch 32 on a 2-core CPU they differ a lot (out-of-place ReLU 5.6-6.5x the in-place one, which
+writes a fresh buffer; the rebuild 2.3-2.6x; reuse-stats 0.54-0.55x; two profiles).
+
 Dominated implementations (same dependencies and in-place flag, no faster and no leaner than another)
 are dropped, never the default.
 """
@@ -80,6 +86,55 @@ TRACED_ONLY_OPS = frozenset({
 KNOWN_OPS = RELU_OPS | THRESHOLD_OPS | BATCH_NORM_OPS | TRACED_ONLY_OPS
 
 _PROFILE_IMPL_FIELDS = {"name", "time_factor", "workspace_per_output_byte"}
+
+
+@dataclass(frozen=True)
+class CatalogFactors:
+    """The time factors the catalog charges for the alternatives it models from a default's measured time.
+
+    The defaults are the constants above. A trace profiled by `mlopt profile operators` carries measured
+    values of the same factors (`source.operator_profile.catalog_checks`, time-weighted over the trace's
+    own ops): `from_checks` takes those instead, since they are measurements of this model on this machine.
+    """
+
+    relu_outofplace: float = 1.0  # out-of-place ReLU / traced in-place ReLU
+    relu_inplace: float = 1.0  # in-place ReLU / traced out-of-place ReLU
+    relu_mask: float = MASK_TIME_FACTOR  # sign mask (result > 0) / ReLU
+    relu_intermediate_activated: float = 1.0  # threshold_backward on the mask / on the result
+    bn_rebuild: float = BN_REBUILD_TIME_FACTOR  # extra time of the output-activated batch-norm backward
+    bn_reuse_stats: float = BN_REUSE_STATS_TIME_FACTOR  # reuse-stats recomputation / training forward
+
+    @staticmethod
+    def from_checks(checks: Any) -> "CatalogFactors":
+        """Factors with every measured `catalog_checks` entry (a positive, finite `measured`) in place of
+        the constant; anything else keeps the constant."""
+        if not isinstance(checks, dict):
+            return CatalogFactors()
+        taken = {}
+        for field_name, check in _CHECK_OF_FACTOR.items():
+            entry = checks.get(check)
+            value = entry.get("measured") if isinstance(entry, dict) else None
+            if _is_number(value) and math.isfinite(value) and value > 0:
+                taken[field_name] = float(value)
+        return CatalogFactors(**taken)
+
+    def described(self) -> dict[str, dict[str, float | str]]:
+        """Each factor with where it came from ("catalog" when it is the constant, else "measured")."""
+        default = CatalogFactors()
+        return {name: {"value": getattr(self, name),
+                       "source": "catalog" if getattr(self, name) == getattr(default, name) else "measured"}
+                for name in _CHECK_OF_FACTOR}
+
+
+# The `mlopt profile operators` catalog check that measures each factor (profilers/operators.py).
+_CHECK_OF_FACTOR = {
+    "relu_outofplace": "relu_outofplace_time_factor",
+    "relu_inplace": "relu_inplace_time_factor",
+    "relu_mask": "relu_mask_time_factor",
+    "relu_intermediate_activated": "relu_intermediate_activated_time_factor",
+    "bn_rebuild": "bn_rebuild_time_factor",
+    "bn_reuse_stats": "bn_reuse_stats_time_factor",
+}
 
 
 def is_known(op_name: str) -> bool:
@@ -192,16 +247,19 @@ def _reserved_names(op_name: str, phase: str) -> set[str]:
 
 
 def forward_impls(op_name: str, traced: tuple[ForwardImpl, ...], *, inplace_legal: bool, out_bytes: int,
-                  profile: OpProfile | None = None, has_intermediates: bool = False) -> tuple[ForwardImpl, ...]:
+                  profile: OpProfile | None = None, has_intermediates: bool = False,
+                  factors: CatalogFactors = CatalogFactors()) -> tuple[ForwardImpl, ...]:
     """J_i for one forward op: `traced` are its trace implementations ([0] measured, with the traced
     in-place flag); `inplace_legal` says whether an in-place variant of an out-of-place op may be added;
     `has_intermediates` whether the node has intermediate nodes (batch norm's saved mean/invstd)."""
     default = traced[0]
     impls = list(traced)
     if op_name in RELU_OPS | THRESHOLD_OPS:
-        # Same kernel either way; the measured time stands for both variants.
-        inplace = ForwardImpl("inplace", default.compute_us, default.workspace_bytes, True)
-        outofplace = ForwardImpl("outofplace", default.compute_us, default.workspace_bytes, False)
+        # Same kernel either way: the other variant costs the measured time x its factor (1 unless profiled).
+        inplace_us = default.compute_us * (1.0 if default.inplace else factors.relu_inplace)
+        outofplace_us = default.compute_us * (factors.relu_outofplace if default.inplace else 1.0)
+        inplace = ForwardImpl("inplace", inplace_us, default.workspace_bytes, True)
+        outofplace = ForwardImpl("outofplace", outofplace_us, default.workspace_bytes, False)
         if default.inplace:
             impls = [inplace, outofplace] + impls[1:]
         else:
@@ -210,14 +268,15 @@ def forward_impls(op_name: str, traced: tuple[ForwardImpl, ...], *, inplace_lega
         impls.append(ForwardImpl(p.name, default.compute_us * p.time_factor,
                                  int(round(p.workspace_per_output_byte * out_bytes)), default.inplace))
     if op_name in BATCH_NORM_OPS and has_intermediates and not default.inplace:
-        impls.append(ForwardImpl(BN_REUSE_STATS, default.compute_us * BN_REUSE_STATS_TIME_FACTOR, 0, False,
+        impls.append(ForwardImpl(BN_REUSE_STATS, default.compute_us * factors.bn_reuse_stats, 0, False,
                                  reuses_intermediates=True))
     return tuple(impls)
 
 
 def backward_impls(op_name: str, traced: tuple[BackwardImpl, ...], *, node: int, mask: int | None,
                    out_bytes: int, profile: OpProfile | None = None,
-                   input_node: int | None = None) -> tuple[BackwardImpl, ...]:
+                   input_node: int | None = None,
+                   factors: CatalogFactors = CatalogFactors()) -> tuple[BackwardImpl, ...]:
     """J_hat_k for the stage of forward node `node`; `mask` is its relu mask node, if any;
     `input_node` the node whose output it normalises (batch norm)."""
     if not traced:
@@ -227,14 +286,14 @@ def backward_impls(op_name: str, traced: tuple[BackwardImpl, ...], *, node: int,
     if op_name in RELU_OPS and mask is not None:
         output = BackwardImpl("output-activated", default.compute_us, default.workspace_bytes, default.deps,
                               "output-activated")
-        # threshold_backward on a bool mask does the same elementwise work as on the result.
+        # threshold_backward on a bool mask does the same elementwise work as on the result (x its factor).
         masked_deps = tuple(sorted((set(default.deps) - {node}) | {mask}))
-        intermediate = BackwardImpl("intermediate-activated", default.compute_us, default.workspace_bytes,
-                                    masked_deps, "intermediate-activated")
+        intermediate = BackwardImpl("intermediate-activated", default.compute_us * factors.relu_intermediate_activated,
+                                    default.workspace_bytes, masked_deps, "intermediate-activated")
         impls = [output] + impls[1:] + [intermediate]
     if op_name in BATCH_NORM_OPS and input_node is not None and input_node in default.deps:
         rebuilt_deps = tuple(sorted((set(default.deps) - {input_node}) | {node}))
-        impls.append(BackwardImpl("output-activated", default.compute_us * (1.0 + BN_REBUILD_TIME_FACTOR),
+        impls.append(BackwardImpl("output-activated", default.compute_us * (1.0 + factors.bn_rebuild),
                                   default.workspace_bytes + out_bytes, rebuilt_deps, "output-activated"))
     for p in (profile.backward if profile else ()):
         impls.append(BackwardImpl(p.name, default.compute_us * p.time_factor,
@@ -242,8 +301,8 @@ def backward_impls(op_name: str, traced: tuple[BackwardImpl, ...], *, node: int,
     return tuple(impls)
 
 
-def mask_impl(relu_us: float) -> ForwardImpl:
-    return ForwardImpl("sign-mask", relu_us * MASK_TIME_FACTOR, 0, False)
+def mask_impl(relu_us: float, factors: CatalogFactors = CatalogFactors()) -> ForwardImpl:
+    return ForwardImpl("sign-mask", relu_us * factors.relu_mask, 0, False)
 
 
 def _dominated(a: tuple[float, int], b: tuple[float, int], b_first: bool) -> bool:

@@ -78,7 +78,7 @@ def _ilp_options(options: PlannerOptions) -> PlannerOptions:
     return PlannerOptions(**{**options.__dict__, "time_limit_s": DEFAULT_ILP_TIME_LIMIT_S})
 
 
-def _figures(replayed: Any, reference: Any) -> dict[str, Any]:
+def _figures(replayed: Any, reference: Any, least_us: float) -> dict[str, Any]:
     return {
         "peak_bytes": replayed.peak_bytes,
         "compute_us": replayed.compute_us,
@@ -86,6 +86,7 @@ def _figures(replayed: Any, reference: Any) -> dict[str, Any]:
         "forward_end_bytes": replayed.forward_end_bytes,
         "memory_ratio": replayed.peak_bytes / reference.peak_bytes,
         "compute_overhead": replayed.compute_us / reference.compute_us - 1.0,
+        "compute_overhead_vs_least": replayed.compute_us / least_us - 1.0 if least_us > 0 else None,
     }
 
 
@@ -97,10 +98,12 @@ def _payload(problem: MemoryProblem, schedule: Schedule, replayed: Any, referenc
         "budget_ratio": options.budget_ratio,
         "search_share": options.search_share,
         "model": {"name": problem.name, "nodes": problem.n, "constant_bytes": problem.constant_bytes,
-                  "cost_source": problem.cost_source},
+                  "cost_source": problem.cost_source, "least_compute_us": problem.least_compute_us(),
+                  **({"catalog_factors": problem.metadata["measured_catalog_factors"]}
+                     if problem.metadata.get("measured_catalog_factors") else {})},
         "ops_profile": options.ops_profile,
         "store_all": {"peak_bytes": reference.peak_bytes, "compute_us": reference.compute_us},
-        "predicted": _figures(replayed, reference),
+        "predicted": _figures(replayed, reference, problem.least_compute_us()),
         "schedule": schedule.to_dict(problem),
         **extra,
     }

@@ -81,6 +81,18 @@ def validate_memory_plan(plan: PlanFile, source: str, model_path: str | None, to
     if not isinstance(claimed, (int, float)) or abs(claimed - replayed.compute_us) > COMPUTE_RTOL * max(1.0, replayed.compute_us):
         raise InputError(source, "$.payload.predicted.compute_us",
                          f"says {claimed}, the replay gives {replayed.compute_us}")
+    vs_least = predicted.get("compute_overhead_vs_least")
+    least = problem.least_compute_us()
+    claimed_least = payload.get("model", {}).get("least_compute_us")
+    if claimed_least is not None and (not isinstance(claimed_least, (int, float))
+                                      or abs(claimed_least - least) > COMPUTE_RTOL * max(1.0, least)):
+        raise InputError(source, "$.payload.model.least_compute_us",
+                         f"says {claimed_least}, the trace's fastest implementations give {least}")
+    if vs_least is not None:  # older plans lack it
+        actual = replayed.compute_us / least - 1.0 if least > 0 else None
+        if actual is None or not isinstance(vs_least, (int, float)) or abs(vs_least - actual) > COMPUTE_RTOL * 10:
+            raise InputError(source, "$.payload.predicted.compute_overhead_vs_least",
+                             f"says {vs_least}, the replay against the fastest implementations gives {actual}")
     recomputed = sum(len(b.recompute) for b in schedule.backward)
     ratio = predicted.get("memory_ratio")
     overhead = predicted.get("compute_overhead")
