@@ -92,18 +92,19 @@ def _figures(replayed: Any, reference: Any, least_us: float) -> dict[str, Any]:
 
 def _payload(problem: MemoryProblem, schedule: Schedule, replayed: Any, reference: Any, budget: int,
              options: MemoryOptions, extra: dict[str, Any]) -> dict[str, Any]:
+    least_us = problem.least_compute_us()
     return {
         "algorithm": options.algorithm,
         "budget_bytes": budget,
         "budget_ratio": options.budget_ratio,
         "search_share": options.search_share,
         "model": {"name": problem.name, "nodes": problem.n, "constant_bytes": problem.constant_bytes,
-                  "cost_source": problem.cost_source, "least_compute_us": problem.least_compute_us(),
+                  "cost_source": problem.cost_source, "least_compute_us": least_us,
                   **({"catalog_factors": problem.metadata["measured_catalog_factors"]}
                      if problem.metadata.get("measured_catalog_factors") else {})},
         "ops_profile": options.ops_profile,
         "store_all": {"peak_bytes": reference.peak_bytes, "compute_us": reference.compute_us},
-        "predicted": _figures(replayed, reference, problem.least_compute_us()),
+        "predicted": _figures(replayed, reference, least_us),
         "schedule": schedule.to_dict(problem),
         **extra,
     }
