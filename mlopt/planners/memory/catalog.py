@@ -42,8 +42,8 @@ backward profile entry keeps the default's dependencies.
 The factors of the alternatives the catalog models (the other ReLU variant, the sign mask, the mask-reading
 ReLU backward, the batch-norm rebuild and reuse-stats) are the constants below, or, on a trace that
 `mlopt profile operators` profiled, the values it measured on the trace's own ops (CatalogFactors): on
-ResNet-50 at batch 32 on a 2-core CPU they differ a lot (out-of-place ReLU 5.6-6.5x the in-place one, which
-writes a fresh buffer; the rebuild 2.3-2.6x; reuse-stats 0.54-0.55x; two profiles).
+ResNet-50 at batch 32 on a 2-core CPU they differ a lot (out-of-place ReLU 6.5x the in-place one, which
+writes a fresh buffer; the rebuild 2.3x; reuse-stats 0.54x; docs/memory.md).
 
 Dominated implementations (same dependencies and in-place flag, no faster and no leaner than another)
 are dropped, never the default.
