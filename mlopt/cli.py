@@ -229,10 +229,12 @@ def validate(ctx: click.Context, files: tuple[str, ...], model_path, topology_sp
               help="Timed iterations; per-op time is their median (model tracing).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed for weights and inputs (model tracing).")
 @click.option("--name", default=None, help="Name recorded in the trace.")
+@click.option("--channels-last", is_flag=True,
+              help="Trace the model and inputs in torch.channels_last (model tracing; CPU: oneDNN NHWC convolutions).")
 @click.option("--json", "as_json", is_flag=True, help="Print a summary on stdout.")
 @click.pass_context
 def trace(ctx: click.Context, source: str, output: str, kineto, rank, step_scope, batch, input_shape, optimizer, repeats,
-          seed, name, as_json) -> None:
+          seed, name, channels_last, as_json) -> None:
     """Make a model trace: import a PyTorch Execution Trace file, or trace MODULE:CALLABLE on CPU.
 
     SOURCE is a PyTorch ET file (JSON, optionally gzipped) or a model such as torchvision:resnet50 or
@@ -243,7 +245,8 @@ def trace(ctx: click.Context, source: str, output: str, kineto, rank, step_scope
 
     with _progress(ctx, f"tracing {source}") as progress:
         result = make_trace(source, kineto=kineto, rank=rank, step_scope=step_scope, batch=batch, input_shape=input_shape,
-                            optimizer=optimizer, repeats=repeats, seed=seed, name=name, progress=progress)
+                            optimizer=optimizer, repeats=repeats, seed=seed, name=name,
+                            memory_format="channels-last" if channels_last else "contiguous", progress=progress)
     save_trace(result, output)
     summary = {
         "file": output, "name": result.name, "ops": len(result.ops), "tensors": len(result.tensors),

@@ -248,6 +248,24 @@ def test_trace_of_a_bad_et_exits_2_without_output(run_cli, tmp_path, content, fi
     assert not out.exists()
 
 
+def test_trace_channels_last_and_its_limits(run_cli, tmp_path):
+    pytest.importorskip("torch")
+    spec = f"{REPO / 'tests/data/models/tiny_models.py'}:build_cnn"
+    out = tmp_path / "cl.json"
+    result = run_cli("trace", spec, "--channels-last", "--batch", "2", "--input-shape", "3,8,8", "--repeats", "1",
+                     "-o", out)
+    assert result.code == 0 and json.loads(out.read_text())["source"]["memory_format"] == "channels-last"
+    # an Execution Trace has its layout already
+    et = REPO / "examples/ddp_mlp/rank0.et.json.gz"
+    refused = run_cli("trace", et, "--channels-last", "-o", tmp_path / "et.json")
+    assert refused.code == 2 and f"{et}: memory_format: --channels-last applies to model tracing" in refused.err
+    assert not (tmp_path / "et.json").exists()
+    # its ops would be re-measured on contiguous operands
+    profiled = run_cli("profile", "operators", "--model", out, "--device", "cpu", "-o", tmp_path / "p.json")
+    assert profiled.code == 2 and "$.source.memory_format: a channels-last trace cannot be profiled yet" in profiled.err
+    assert not (tmp_path / "p.json").exists()
+
+
 def test_trace_of_unknown_model_spec(run_cli, tmp_path):
     result = run_cli("trace", "nosuchpkg_xyz:build", "-o", tmp_path / "t.json")
     assert result.code == 2 and "nosuchpkg_xyz:build: model:" in result.err

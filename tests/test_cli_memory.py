@@ -125,6 +125,14 @@ def test_validate_needs_the_model_and_catches_tampering(run_cli, tiny_trace, tmp
     flattering.write_text(json.dumps(doc))
     r = run_cli("validate", flattering, "--model", tiny_trace)
     assert r.code == 2 and "least_compute_us" in r.err
+    doc = json.loads(out.read_text())
+    factors = doc["payload"]["model"]["catalog_factors"]
+    assert set(factors) == {"relu_outofplace", "relu_inplace", "relu_mask", "relu_intermediate_activated",
+                            "bn_rebuild", "bn_reuse_stats"}
+    factors["relu_mask"]["value"] = 0.01
+    flattering.write_text(json.dumps(doc))
+    r = run_cli("validate", flattering, "--model", tiny_trace)
+    assert r.code == 2 and "$.payload.model.catalog_factors" in r.err
 
 
 @pytest.mark.parametrize("algorithm", ("monet", "store-all"))

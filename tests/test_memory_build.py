@@ -12,6 +12,7 @@ import pytest
 from mlopt.errors import InputError
 from mlopt.formats.trace import Implementation, ModelTrace, Op, Tensor
 from mlopt.planners.memory.build import build_problem
+from mlopt.planners.memory.catalog import CPU_FACTORS
 
 MODELS_DIR = os.path.join(os.path.dirname(__file__), "data", "models")
 MLP_SPEC = f"{os.path.join(MODELS_DIR, 'tiny_models.py')}:build_mlp"
@@ -102,7 +103,8 @@ def test_relu_masks_and_implementations(resnet):
         mask = problem.nodes[relu.index + 1]
         assert mask.name == "mlopt::relu_mask" and mask.intermediate_of == relu.index and mask.inputs == (relu.index,)
         assert mask.out_bytes == relu.out_bytes // 4  # float32 -> one bool per element
-        assert mask.forward[0].compute_us == pytest.approx(0.1 * relu.forward[0].compute_us, rel=0.5)
+        # a CPU trace: the CPU constants (catalog.CPU_FACTORS), not the generic 0.1
+        assert mask.forward[0].compute_us == pytest.approx(CPU_FACTORS.relu_mask * relu.forward[0].compute_us, rel=1e-3)
         assert not mask.backward
         assert [f.name for f in relu.forward] == ["inplace", "outofplace"] and relu.forward[0].inplace
         assert relu.inplace_input is not None and relu.inplace_input in relu.inputs
@@ -153,7 +155,7 @@ def test_times_and_constants_match_the_trace(resnet):
     assert sum(n.backward[0].compute_us for n in problem.nodes if n.backward) == pytest.approx(backward_us)
     constant = sum(t.bytes for t in trace.tensors if t.kind in ("input", "parameter", "buffer", "optimizer_state"))
     assert problem.constant_bytes == constant
-    assert problem.cost_source == "trace" and problem.metadata["source"] == "tiny"
+    assert problem.cost_source == "trace+cpu catalog constants" and problem.metadata["source"] == "tiny"
 
 
 def test_gradient_memory(resnet):
@@ -193,7 +195,7 @@ def test_profile_adds_scaled_implementations_and_drops_dominated():
         assert fast.compute_us == pytest.approx(0.5 * before.backward[0].compute_us)
         assert fast.workspace_bytes == 2 * node.out_bytes and fast.deps == before.backward[0].deps
     assert problem.metadata["dominated_dropped"] == 4
-    assert problem.cost_source == "trace+profile ops.json"
+    assert problem.cost_source == "trace+profile ops.json+cpu catalog constants"
 
 
 @pytest.mark.parametrize(
@@ -302,18 +304,19 @@ def test_measured_catalog_factors_replace_the_constants(resnet):
               "relu_intermediate_activated_time_factor": _check(1.5), "bn_rebuild_time_factor": _check(3.0),
               "bn_reuse_stats_time_factor": _check(0.5)}
     problem = build_problem(_profiled(trace, checks), source="tiny")
-    assert problem.cost_source == "trace+measured catalog factors" and plain.cost_source == "trace"
+    assert problem.cost_source == "trace+measured catalog factors"
+    assert plain.cost_source == "trace+cpu catalog constants"
     assert problem.metadata["measured_catalog_factors"] == {
         "relu_outofplace": 5.0, "relu_mask": 2.0, "relu_intermediate_activated": 1.5, "bn_rebuild": 3.0,
         "bn_reuse_stats": 0.5}
     assert "measured_catalog_factors" not in plain.metadata
-    assert plain.metadata["catalog_factors"]["bn_rebuild"] == {"value": catalog.BN_REBUILD_TIME_FACTOR,
-                                                               "source": "catalog"}
+    assert plain.metadata["catalog_factors"]["bn_rebuild"] == {"value": catalog.CPU_FACTORS.bn_rebuild,
+                                                               "source": "catalog-cpu"}
     for relu, old in zip(by_name(problem, "aten::relu_"), by_name(plain, "aten::relu_")):
         inplace, outofplace = relu.forward
         assert inplace.compute_us == old.forward[0].compute_us  # the traced variant keeps its time
         assert outofplace.compute_us == pytest.approx(5.0 * inplace.compute_us)
-        assert old.forward[1].compute_us == old.forward[0].compute_us
+        assert old.forward[1].compute_us == pytest.approx(CPU_FACTORS.relu_outofplace * old.forward[0].compute_us)
         mask = problem.nodes[relu.index + 1]
         assert mask.forward[0].compute_us == pytest.approx(2.0 * inplace.compute_us)
         out_act, inter = relu.backward
@@ -338,6 +341,7 @@ def test_unusable_checks_keep_the_catalog_constants(checks):
 
 
 def test_a_plan_on_a_profiled_trace_names_the_measured_factors(resnet):
+    from mlopt.planners.memory import catalog
     from mlopt.planners.memory.planner import MemoryOptions, plan_memory
     from mlopt.planners.options import PlannerOptions
 
@@ -345,5 +349,39 @@ def test_a_plan_on_a_profiled_trace_names_the_measured_factors(resnet):
     problem = build_problem(_profiled(trace, {"relu_outofplace_time_factor": _check(3.0)}), source="tiny")
     result = plan_memory(problem, MemoryOptions(algorithm="store-all", budget_ratio=1.0), PlannerOptions(), {})
     model = result.plan.payload["model"]
-    assert model["catalog_factors"] == {"relu_outofplace": 3.0}
+    assert model["catalog_factors"]["relu_outofplace"] == {"value": 3.0, "source": "measured"}
+    assert model["catalog_factors"]["relu_mask"] == {"value": catalog.CPU_FACTORS.relu_mask, "source": "catalog-cpu"}
     assert model["cost_source"].endswith("+measured catalog factors")
+
+
+@pytest.mark.parametrize("device, constants", [("cpu", "cpu"), ("cuda", "cuda"), ("cuda:1", "cuda"),
+                                               ("mps", "generic"), (None, "generic"), (3, "generic")])
+def test_unprofiled_traces_charge_their_devices_constants(device, constants):
+    from mlopt.planners.memory import catalog
+
+    factors = catalog.CatalogFactors.for_device(device)
+    assert factors.constants == constants and not factors.measured
+    expected = {"cpu": catalog.CPU_FACTORS, "cuda": catalog.CUDA_FACTORS, "generic": catalog.CatalogFactors()}
+    assert factors == expected[constants]
+    # a CPU's fresh buffers fault their pages in: every buffer-writing alternative costs more than the kernel
+    assert catalog.CPU_FACTORS.relu_outofplace > 1 and catalog.CPU_FACTORS.relu_mask > 1
+    assert catalog.CUDA_FACTORS.relu_outofplace < catalog.CPU_FACTORS.relu_outofplace
+
+
+def test_the_trace_device_picks_the_constants_and_measured_factors_override_them(resnet):
+    from dataclasses import replace
+
+    trace, cpu = resnet
+    generic = build_problem(replace(trace, source={k: v for k, v in trace.source.items() if k != "device"}))
+    cuda = build_problem(replace(trace, source={**trace.source, "device": "cuda"}))
+    assert generic.cost_source == "trace" and cuda.cost_source == "trace+cuda catalog constants"
+    for node_g, node_c, node_cpu in zip(by_name(generic, "aten::relu_"), by_name(cuda, "aten::relu_"),
+                                        by_name(cpu, "aten::relu_")):
+        base = node_g.forward[0].compute_us
+        assert [f.compute_us for f in node_g.forward] == pytest.approx([base, base])
+        assert node_c.forward[1].compute_us == pytest.approx(1.06 * base)
+        assert node_cpu.forward[1].compute_us == pytest.approx(6.5 * base)
+    measured = build_problem(_profiled(trace, {"relu_mask_time_factor": _check(0.3)}))
+    factors = measured.metadata["catalog_factors"]
+    assert factors["relu_mask"] == {"value": 0.3, "source": "measured"}
+    assert factors["relu_outofplace"] == {"value": 6.5, "source": "catalog-cpu"}

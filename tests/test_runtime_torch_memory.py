@@ -36,15 +36,18 @@ MEMORY_TOLERANCE = 0.10
 
 
 class Setup:
-    def __init__(self, shape):
+    def __init__(self, shape, memory_format: str = "contiguous"):
         torch.manual_seed(0)
         self.model, _, self.context = resolve_model("torchvision:resnet18")
         # With an optimizer in the trace the builder counts every parameter gradient live to the end (with
         # "none", fc's, which reaches AccumulateGrad through a `t` view, would be freed too early).
-        self.trace = trace_model(self.model, shape, BATCH, optimizer="sgd", repeats=1, warmup=0)
+        self.trace = trace_model(self.model, shape, BATCH, optimizer="sgd", repeats=1, warmup=0,
+                                 memory_format=memory_format)
         self.problem = build_problem(self.trace)
         generator = torch.Generator().manual_seed(1)
         self.inputs = torch.randn(BATCH, *shape, generator=generator)
+        if memory_format == "channels-last":
+            self.inputs = self.inputs.contiguous(memory_format=torch.channels_last)
         self.targets = torch.randint(0, 1000, (BATCH,), generator=generator)
         self.state = {k: v.clone() for k, v in self.model.state_dict().items()}
         self.reset()
@@ -68,6 +71,11 @@ def one_thread():
 @pytest.fixture(scope="module")
 def resnet(torchvision_module):
     return Setup(SHAPE)
+
+
+@pytest.fixture(scope="module")
+def resnet_channels_last(torchvision_module):
+    return Setup(SHAPE, memory_format="channels-last")
 
 
 @pytest.fixture(scope="module")
@@ -283,3 +291,41 @@ def test_monet_plan_runs_with_same_gradients_and_predicted_memory(resnet):
     assert_same_step(resnet, measure)
     assert measure.forward_end_bytes == pytest.approx(predicted.forward_end_bytes, rel=MEMORY_TOLERANCE)
     assert measure.forward_end_bytes < resnet.unplanned.forward_end_bytes
+
+
+def layout_notes(notes):
+    return [note for note in notes if "convolution weights" in note]
+
+
+def test_a_channels_last_trace_runs_its_plans_channels_last(resnet_channels_last):
+    """`mlopt trace --channels-last`: the model and inputs traced in torch.channels_last, planned, and run so:
+    the same gradients as the unplanned channels-last step and the predicted memory (oneDNN's NHWC kernels
+    allocate nothing the trace does not see)."""
+    resnet = resnet_channels_last
+    problem = resnet.problem
+    assert resnet.trace.source["memory_format"] == "channels-last"
+    assert all(p.is_contiguous(memory_format=torch.channels_last) for p in resnet.model.parameters() if p.dim() == 4)
+    bn_schedule, rebuilt = output_activated_bn_schedule(problem)
+    schedules = {"store-all": store_all(problem), "sqrt-segments": sqrt_segments(problem),
+                 "output-activated batch norm": bn_schedule}
+    for label, schedule in schedules.items():
+        predicted = replay(problem, schedule)
+        executor, measure = run_planned(resnet, schedule, trace=resnet.trace)
+        report(f"{label} (channels-last)", problem, measure, predicted)
+        assert_same_step(resnet, measure)
+        assert not measure.fallbacks and not layout_notes(measure.notes)
+        assert measure.forward_end_bytes == pytest.approx(predicted.forward_end_bytes, rel=MEMORY_TOLERANCE)
+        assert measure.peak_bytes == pytest.approx(predicted.peak_bytes - problem.constant_bytes, rel=MEMORY_TOLERANCE)
+        if label == "output-activated batch norm":
+            assert executor.rebuilt_inputs == rebuilt > 0
+
+
+def test_a_plan_on_a_model_in_another_layout_says_its_times_do_not_apply(resnet, resnet_channels_last):
+    contiguous_model, channels_last = resnet.model, resnet_channels_last
+    executor = apply_memory_plan(contiguous_model, channels_last.problem, store_all(channels_last.problem),
+                                 trace=channels_last.trace)
+    assert layout_notes(executor.notes) == [
+        "the plan's times are from a channels-last trace but the model's convolution weights are not channels-last: "
+        "memory and gradients are as planned, compute times are not"]
+    same = apply_memory_plan(contiguous_model, resnet.problem, store_all(resnet.problem), trace=resnet.trace)
+    assert not layout_notes(same.notes)

@@ -181,6 +181,32 @@ def test_tensor_table_ids_by_storage():
     assert [t.bytes for t in table.finish()] == [16, 16]
 
 
+def test_channels_last_tracing_converts_the_model_and_records_it():
+    model, _, _ = resolve_model(f"{TINY_FILE}:build_cnn")
+    plain = trace_model_spec(f"{TINY_FILE}:build_cnn", batch=2, input_shape=(3, 8, 8), repeats=1)
+    trace = trace_model(model, (3, 8, 8), 2, repeats=1, memory_format="channels-last")
+    assert "memory_format" not in plain.source and trace.source["memory_format"] == "channels-last"
+    weight = model[0].weight
+    assert weight.is_contiguous(memory_format=torch.channels_last) and not weight.is_contiguous()
+    validate_trace(trace, "cnn")
+    # the same compute ops (the layout adds views and restrides around them: flatten is as_strided_ there)
+    compute = {"aten::convolution", "aten::native_batch_norm", "aten::relu_", "aten::convolution_backward",
+               "aten::native_batch_norm_backward", "aten::threshold_backward"}
+    assert [o.name for o in trace.ops if o.name in compute] == [o.name for o in plain.ops if o.name in compute]
+    assert len([o for o in trace.ops if o.name in compute]) == 6
+
+
+@pytest.mark.parametrize("kwargs, message", [({"input_shape": (8,), "memory_format": "channels-last"},
+                                              r"channels-last needs \(C, H, W\) inputs"),
+                                             ({"input_shape": (3, 8, 8), "memory_format": "nhwc"},
+                                              "expected one of contiguous, channels-last")])
+def test_bad_memory_formats(kwargs, message):
+    spec = f"{TINY_FILE}:build_cnn" if len(kwargs["input_shape"]) == 3 else MLP_SPEC
+    with pytest.raises(InputError, match=message) as error:
+        trace_model_spec(spec, batch=2, **kwargs)
+    assert error.value.field == "memory_format"
+
+
 # ---------------------------------------------------------------------------------------- bad input
 
 

@@ -18,9 +18,13 @@ def parse_shape(text: str) -> tuple[int, ...]:
 
 def make_trace(source: str, *, kineto: str | None = None, rank: int | None = None, step_scope: str | None = None, batch: int = 32,
                input_shape: str | None = None, optimizer: str = "sgd", repeats: int = 3, seed: int = 0,
-               name: str | None = None, progress: Callable[[str], None] | None = None) -> ModelTrace:
+               name: str | None = None, memory_format: str = "contiguous",
+               progress: Callable[[str], None] | None = None) -> ModelTrace:
     """Import `source` if it is a file, else trace it as a `module:callable` model spec."""
     if os.path.exists(source):
+        if memory_format != "contiguous":
+            raise InputError(source, "memory_format",
+                             "--channels-last applies to model tracing, not to Execution Trace files")
         from mlopt.formats.importers.pytorch_et import import_pytorch_et
 
         return import_pytorch_et(source, kineto, name=name, step_scope=step_scope, rank=rank)
@@ -34,4 +38,4 @@ def make_trace(source: str, *, kineto: str | None = None, rank: int | None = Non
         raise InputError(source, "model", f"tracing a model needs PyTorch: pip install 'mlopt[torch]' ({exc})") from None
     shape = parse_shape(input_shape) if input_shape else None
     return trace_model_spec(source, batch=batch, input_shape=shape, optimizer=optimizer, repeats=repeats,
-                            seed=seed, name=name, progress=progress)
+                            seed=seed, name=name, memory_format=memory_format, progress=progress)

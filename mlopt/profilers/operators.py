@@ -662,6 +662,11 @@ def profile_operators(trace: ModelTrace, options: ProfileOptions = ProfileOption
                       progress: Progress | None = None) -> OperatorProfile:
     """Measure the trace's ops on options.device and merge the results (see the module docstring)."""
     torch = _torch()
+    layout = trace.source.get("memory_format") if isinstance(trace.source, dict) else None
+    if layout not in (None, "contiguous"):
+        raise InputError(source, "$.source.memory_format",
+                         f"a {layout} trace cannot be profiled yet: its ops would be re-measured on contiguous "
+                         "operands; plan on its traced times")
     device = resolve_device(options.device)
     repeats, warmup = options.timed_runs, options.warmup_runs
     if repeats < MIN_REPEATS:

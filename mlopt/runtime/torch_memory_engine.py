@@ -333,8 +333,23 @@ class PlanExecutor:
         self.rebuilt_inputs = 0  # saved batch-norm inputs served rebuilt from the output, last step
         self.reused_statistics = 0  # batch norms recomputed from their saved mean/invstd, last step
         self._static_fallbacks()
+        self._layout_note()
 
     # -------------------------------------------------------------------------------------- checks
+
+    def _layout_note(self) -> None:
+        """Say so when the model's 4-D weights are not in the layout the trace timed: memory and gradients are
+        the plan's either way, its compute times are not."""
+        source = getattr(self.trace, "source", None)
+        traced = source.get("memory_format", "contiguous") if isinstance(source, dict) else None
+        weights = [p for p in self.model.parameters() if p.dim() == 4]
+        if traced is None or not weights:
+            return
+        layout = torch.channels_last if traced == "channels-last" else torch.contiguous_format
+        if not all(p.is_contiguous(memory_format=layout) for p in weights):
+            model = "not channels-last" if layout is torch.channels_last else "not contiguous"
+            self._say("note", f"the plan's times are from a {traced} trace but the model's convolution weights are "
+                              f"{model}: memory and gradients are as planned, compute times are not")
 
     def _check_schedule(self) -> None:
         """The replay is the ground truth of what a schedule may do; the executor runs only what it accepts."""

@@ -471,6 +471,20 @@ def _check_arguments(label: str, input_shape: Sequence[int], batch: int, optimiz
     return shape
 
 
+MEMORY_FORMATS = ("contiguous", "channels-last")
+
+
+def _memory_format(label: str, memory_format: str, shape: tuple[int, ...]) -> torch.memory_format | None:
+    """torch's format for `memory_format` (None: leave tensors as they are); InputError when it does not apply."""
+    if memory_format not in MEMORY_FORMATS:
+        raise InputError(label, "memory_format", f"expected one of {', '.join(MEMORY_FORMATS)}, got {memory_format!r}")
+    if memory_format == "contiguous":
+        return None
+    if len(shape) != 3:
+        raise InputError(label, "memory_format", f"channels-last needs (C, H, W) inputs, got input shape {list(shape)}")
+    return torch.channels_last
+
+
 def trace_model(
     model: nn.Module,
     input_shape: Sequence[int],
@@ -482,10 +496,16 @@ def trace_model(
     seed: int = 0,
     name: str | None = None,
     spec: str | None = None,
+    memory_format: str = "contiguous",
     progress: Callable[[str], None] | None = None,
 ) -> ModelTrace:
     """Trace one training step of `model` on CPU: forward, loss, backward and (unless "none") an
     optimizer step (SGD lr 0.01 momentum 0.9, or Adam lr 1e-3).
+
+    `memory_format` "channels-last" converts the model's 4-D parameters and the (C, H, W) inputs to
+    torch.channels_last before tracing, so the trace times what a channels-last training job runs (on
+    CPU, oneDNN's NHWC convolutions) and its source says `"memory_format": "channels-last"`; the model
+    stays converted. A plan made from it is applied to a model and inputs converted the same way.
 
     `input_shape` excludes the batch dimension. The step runs `warmup` times untraced, then `repeats`
     times traced; each op's compute_us is the median of its traced times, and the traced op sequences
@@ -494,12 +514,17 @@ def trace_model(
     """
     label = spec or name or type(model).__name__
     shape = _check_arguments(label, input_shape, batch, optimizer, repeats, warmup)
+    layout = _memory_format(label, memory_format, shape)
     torch.manual_seed(seed)
     model.to("cpu").train()
+    if layout is not None:
+        model.to(memory_format=layout)
     trainable = [p for p in model.parameters() if p.requires_grad]
     if optimizer != "none" and not trainable:
         raise InputError(label, "optimizer", "the model has no trainable parameters; use optimizer 'none'")
     inputs = torch.randn(batch, *shape)
+    if layout is not None:
+        inputs = inputs.contiguous(memory_format=layout)
     step = _TrainingStep(model, inputs, make_optimizer(optimizer, trainable), seed, label)
     report = progress or (lambda message: None)
     with torch.enable_grad():
@@ -521,6 +546,7 @@ def trace_model(
         "torch": torch.__version__,
         "optimizer": optimizer,
         "device": "cpu",
+        **({"memory_format": memory_format} if layout is not None else {}),
         "repeats": repeats,
         "warmup": warmup,
         "seed": seed,
@@ -541,6 +567,7 @@ def trace_model_spec(
     seed: int = 0,
     name: str | None = None,
     model_kwargs: dict[str, Any] | None = None,
+    memory_format: str = "contiguous",
     progress: Callable[[str], None] | None = None,
 ) -> ModelTrace:
     """Resolve `spec` (see mlopt.runtime.torch_models) and trace it; what the CLI calls.
@@ -560,7 +587,8 @@ def trace_model_spec(
         )
     trace = trace_model(
         model, shape, batch, optimizer=optimizer, repeats=repeats, warmup=warmup, seed=seed,
-        name=name or context.callable_name.rsplit(".", 1)[-1], spec=spec, progress=progress,
+        name=name or context.callable_name.rsplit(".", 1)[-1], spec=spec, memory_format=memory_format,
+        progress=progress,
     )
     del context  # the torchvision shim, if any, was needed until here
     return trace

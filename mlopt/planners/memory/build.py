@@ -312,9 +312,12 @@ def _inplace_legal(d: _Draft, users: list[list[int]], finals: tuple[int, ...]) -
 
 
 def catalog_factors(trace: ModelTrace) -> catalog.CatalogFactors:
-    """The catalog's time factors, measured ones where `mlopt profile operators` profiled this trace."""
-    profiled = trace.source.get("operator_profile") if isinstance(trace.source, dict) else None
-    return catalog.CatalogFactors.from_checks(profiled.get("catalog_checks") if isinstance(profiled, dict) else None)
+    """The catalog's time factors: the constants of the trace's device, with the measured ones in their place
+    where `mlopt profile operators` profiled this trace."""
+    source = trace.source if isinstance(trace.source, dict) else {}
+    profiled = source.get("operator_profile")
+    checks = profiled.get("catalog_checks") if isinstance(profiled, dict) else None
+    return catalog.CatalogFactors.for_device(source.get("device")).with_checks(checks)
 
 
 def build_problem(trace: ModelTrace, profile: dict | None = None, source: str = "<trace>", *,
@@ -419,11 +422,11 @@ def build_problem(trace: ModelTrace, profile: dict | None = None, source: str = 
         "gradient_peak_bytes": max((node.grad_live_bytes + node.y_bytes for node in nodes), default=0),
         "catalog_factors": factors.described(),
     }
-    measured_factors = {name: f["value"] for name, f in metadata["catalog_factors"].items()
-                        if f["source"] == "measured"}
-    if measured_factors:
+    if factors.measured:
         cost_source += "+measured catalog factors"
-        metadata["measured_catalog_factors"] = measured_factors
+        metadata["measured_catalog_factors"] = {name: getattr(factors, name) for name in sorted(factors.measured)}
+    elif factors.constants != "generic":
+        cost_source += f"+{factors.constants} catalog constants"
     return MemoryProblem(name=trace.name, nodes=tuple(nodes), constant_bytes=_constant_bytes(trace),
                          final_outputs=finals, warnings=tuple(warnings), cost_source=cost_source,
                          metadata=metadata)

@@ -9,21 +9,22 @@ alternatives PyTorch on CPU really has, with the measured time as their estimate
   (otherwise it is illegal and left out). Backward: "output-activated" (threshold_backward on the
   result, PyTorch's default, D = {the relu}) and "intermediate-activated", which reads a sign mask:
   an extra node "mlopt::relu_mask" right after the relu (1 byte per element, a bool tensor, what our
-  runtime stores; computed from the relu's result for 0.1 x the relu's time; no backward).
+  runtime stores; computed from the relu's result for CatalogFactors.relu_mask x the relu's time; no
+  backward).
 * aten::threshold, aten::threshold_. Forward "inplace" / "outofplace" as for relu; backward as traced
   (it reads the input, so there is no output-activated variant).
 * aten::native_batch_norm. Forward as traced. Backward: "default" (input-activated: PyTorch saves the
   input + the saved mean/invstd) and "output-activated" (MONeT section 4.4, In-Place ABN): the input
   is rebuilt from the output, x = mean + (y - beta) / (gamma * invstd), one elementwise pass into a
   buffer of |x| bytes (the workspace), then the same backward runs. D = {the output, mean, invstd}.
-  Its time is the traced backward's x (1 + BN_REBUILD_TIME_FACTOR). Our runtime serves autograd the
+  Its time is the traced backward's x (1 + CatalogFactors.bn_rebuild). Our runtime serves autograd the
   rebuilt input (mlopt.runtime.torch_memory_engine); gamma = 0 channels cannot be rebuilt, which
   the runtime detects and reports.
   Recomputation also has "reuse-stats" (MONeT 4.4: "we also reuse BatchNorm statistics in case of their
   recomputation"): y = x * (gamma * invstd) + (beta - mean * gamma * invstd) from the saved mean/invstd,
   one elementwise pass instead of the statistics' reductions, equal to the training output up to float
   rounding (identical on ResNet-50's shapes on this CPU). It reads the kept mean/invstd nodes and does not produce them, and the forward pass cannot use it.
-  Charged at BN_REUSE_STATS_TIME_FACTOR x the traced forward.
+  Charged at CatalogFactors.bn_reuse_stats x the traced forward.
 * aten::convolution, aten::max_pool2d_with_indices (input + indices) and the other TRACED_ONLY_OPS:
   as traced. CPU PyTorch has one kernel for each and fixed saved tensors.
 * anything else (unknown): as traced (the conservative default), and the problem warns, naming it.
@@ -40,10 +41,10 @@ backward profile entry keeps the default's dependencies.
                                    "backward": [...]}}}
 
 The factors of the alternatives the catalog models (the other ReLU variant, the sign mask, the mask-reading
-ReLU backward, the batch-norm rebuild and reuse-stats) are the constants below, or, on a trace that
-`mlopt profile operators` profiled, the values it measured on the trace's own ops (CatalogFactors): on
-ResNet-50 at batch 32 on a 2-core CPU they differ a lot (out-of-place ReLU 6.5x the in-place one, which
-writes a fresh buffer; the rebuild 2.3x; reuse-stats 0.54x; docs/memory.md).
+ReLU backward, the batch-norm rebuild and reuse-stats) are CatalogFactors: on a trace that `mlopt profile
+operators` profiled, the values it measured on the trace's own ops; otherwise the constants of the trace's
+device (CPU_FACTORS, CUDA_FACTORS, measured on ResNet-50; on a CPU an out-of-place ReLU costs 6.5x the
+in-place one, since it writes a fresh buffer), or the generic constants below for a trace naming no device.
 
 Dominated implementations (same dependencies and in-place flag, no faster and no leaner than another)
 are dropped, never the default.
@@ -52,7 +53,7 @@ are dropped, never the default.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from mlopt.errors import InputError
@@ -92,9 +93,11 @@ _PROFILE_IMPL_FIELDS = {"name", "time_factor", "workspace_per_output_byte"}
 class CatalogFactors:
     """The time factors the catalog charges for the alternatives it models from a default's measured time.
 
-    The defaults are the constants above. A trace profiled by `mlopt profile operators` carries measured
-    values of the same factors (`source.operator_profile.catalog_checks`, time-weighted over the trace's
-    own ops): `from_checks` takes those instead, since they are measurements of this model on this machine.
+    Without a profile they are constants: the ones of the trace's device (`for_device`: CPU_FACTORS,
+    CUDA_FACTORS), else the generic constants above. A trace profiled by `mlopt profile operators` carries
+    measured values of the same factors (`source.operator_profile.catalog_checks`, time-weighted over the
+    trace's own ops): `with_checks` takes those instead, since they are measurements of this model on this
+    machine.
     """
 
     relu_outofplace: float = 1.0  # out-of-place ReLU / traced in-place ReLU
@@ -103,27 +106,53 @@ class CatalogFactors:
     relu_intermediate_activated: float = 1.0  # threshold_backward on the mask / on the result
     bn_rebuild: float = BN_REBUILD_TIME_FACTOR  # extra time of the output-activated batch-norm backward
     bn_reuse_stats: float = BN_REUSE_STATS_TIME_FACTOR  # reuse-stats recomputation / training forward
+    constants: str = "generic"  # which constants the unmeasured factors are: generic | cpu | cuda
+    measured: frozenset[str] = frozenset()  # the factors taken from a profile's catalog checks
+
+    @staticmethod
+    def for_device(device: Any) -> "CatalogFactors":
+        """The constants of a trace's device (`source.device`: "cpu", "cuda", "cuda:1"); generic otherwise."""
+        kind = device.split(":", 1)[0] if isinstance(device, str) else None
+        return {"cpu": CPU_FACTORS, "cuda": CUDA_FACTORS}.get(kind, CatalogFactors())
 
     @staticmethod
     def from_checks(checks: Any) -> "CatalogFactors":
-        """Factors with every measured `catalog_checks` entry (a positive, finite `measured`) in place of
-        the constant; anything else keeps the constant."""
+        """The generic constants with every measured `catalog_checks` entry in their place."""
+        return CatalogFactors().with_checks(checks)
+
+    def with_checks(self, checks: Any) -> "CatalogFactors":
+        """These factors with every measured `catalog_checks` entry (a positive, finite `measured`) in place
+        of the constant; anything else keeps the constant."""
         if not isinstance(checks, dict):
-            return CatalogFactors()
+            return self
         taken = {}
         for field_name, check in _CHECK_OF_FACTOR.items():
             entry = checks.get(check)
             value = entry.get("measured") if isinstance(entry, dict) else None
             if _is_number(value) and math.isfinite(value) and value > 0:
                 taken[field_name] = float(value)
-        return CatalogFactors(**taken)
+        return replace(self, **taken, measured=self.measured | frozenset(taken)) if taken else self
 
     def described(self) -> dict[str, dict[str, float | str]]:
-        """Each factor with where it came from ("catalog" when it is the constant, else "measured")."""
-        default = CatalogFactors()
-        return {name: {"value": getattr(self, name),
-                       "source": "catalog" if getattr(self, name) == getattr(default, name) else "measured"}
+        """Each factor with where it came from: "measured", or the constants' name ("catalog" for the
+        generic ones, "catalog-cpu", "catalog-cuda")."""
+        constant = "catalog" if self.constants == "generic" else f"catalog-{self.constants}"
+        return {name: {"value": getattr(self, name), "source": "measured" if name in self.measured else constant}
                 for name in _CHECK_OF_FACTOR}
+
+
+# Constants per device: what `mlopt profile operators` measured, time-weighted over ResNet-50's ops (batch
+# 32, the bench trace), where the generic constants were far off: bench/results/memory-profiled.json rounded up
+# (the rebuild at the upper end of two profiles, 2.3-2.6).
+# CPU (2 cores, torch 2.13 CPU build, docs/memory.md): a fresh activation-sized buffer costs page faults
+# (glibc serves such sizes with mmap), so every alternative that writes one (out-of-place ReLU, the bool
+# sign mask, the rebuilt batch-norm input) costs several times the in-place kernel.
+CPU_FACTORS = CatalogFactors(relu_outofplace=6.5, relu_mask=2.74, relu_intermediate_activated=2.18,
+                             bn_rebuild=2.6, bn_reuse_stats=0.55, constants="cpu")
+# CUDA (one H100, torch 2.11 + cuDNN 9.19, docs/profile-operators.md): the caching allocator reuses
+# buffers, so every memory-bound alternative costs about one pass, like the kernel it replaces.
+CUDA_FACTORS = CatalogFactors(relu_outofplace=1.06, relu_mask=1.01, relu_intermediate_activated=1.07,
+                              bn_rebuild=0.95, bn_reuse_stats=0.82, constants="cuda")
 
 
 # The `mlopt profile operators` catalog check that measures each factor (profilers/operators.py).

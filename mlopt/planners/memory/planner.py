@@ -100,8 +100,8 @@ def _payload(problem: MemoryProblem, schedule: Schedule, replayed: Any, referenc
         "search_share": options.search_share,
         "model": {"name": problem.name, "nodes": problem.n, "constant_bytes": problem.constant_bytes,
                   "cost_source": problem.cost_source, "least_compute_us": least_us,
-                  **({"catalog_factors": problem.metadata["measured_catalog_factors"]}
-                     if problem.metadata.get("measured_catalog_factors") else {})},
+                  **({"catalog_factors": problem.metadata["catalog_factors"]}
+                     if "catalog_factors" in problem.metadata else {})},
         "ops_profile": options.ops_profile,
         "store_all": {"peak_bytes": reference.peak_bytes, "compute_us": reference.compute_us},
         "predicted": _figures(replayed, reference, least_us),

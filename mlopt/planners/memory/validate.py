@@ -93,6 +93,11 @@ def validate_memory_plan(plan: PlanFile, source: str, model_path: str | None, to
         if actual is None or not isinstance(vs_least, (int, float)) or abs(vs_least - actual) > COMPUTE_RTOL * 10:
             raise InputError(source, "$.payload.predicted.compute_overhead_vs_least",
                              f"says {vs_least}, the replay against the fastest implementations gives {actual}")
+    claimed_factors = payload.get("model", {}).get("catalog_factors")
+    factors = problem.metadata.get("catalog_factors")
+    if claimed_factors is not None and claimed_factors != factors:  # older plans lack it
+        raise InputError(source, "$.payload.model.catalog_factors",
+                         f"says {claimed_factors}, the trace gives {factors}")
     recomputed = sum(len(b.recompute) for b in schedule.backward)
     ratio = predicted.get("memory_ratio")
     overhead = predicted.get("compute_overhead")

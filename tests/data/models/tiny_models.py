@@ -18,6 +18,12 @@ def build_mlp(in_features: int = IN_FEATURES, hidden: int = HIDDEN, classes: int
     return nn.Sequential(nn.Linear(in_features, hidden), nn.ReLU(), nn.Linear(hidden, classes))
 
 
+def build_cnn(channels: int = 4, classes: int = CLASSES) -> nn.Module:
+    """Conv -> BatchNorm -> ReLU -> global pool -> Linear, for 3x8x8 inputs (channels-last tracing)."""
+    return nn.Sequential(nn.Conv2d(3, channels, 3, padding=1, bias=False), nn.BatchNorm2d(channels),
+                         nn.ReLU(inplace=True), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(channels, classes))
+
+
 def not_a_module() -> int:
     return 42
 
