@@ -139,7 +139,14 @@ def test_least_memory_recomputes_everything_with_relu_masks(small_resnet):
     assert_same_step(resnet, measure)
     assert executor.mask_unpacks == masked
     assert measure.forward_end_bytes == pytest.approx(predicted.forward_end_bytes, abs=64)  # the loss only
-    assert measure.peak_bytes == pytest.approx(predicted.peak_bytes - problem.constant_bytes, rel=MEMORY_TOLERANCE)
+    # The step's peak: never below the replay's; above it by at most one weight-sized temporary per kernel
+    # (bounded here by all parameter bytes). Here the replay's peak is nearly all parameter gradients, and
+    # recomputed convolutions run while they are live: oneDNN's weight reorders (which kernels it picks
+    # depends on the CPU: 68.7 MB measured vs 47.1 MB replayed on one machine, within 10% on another) are
+    # not in the trace.
+    replayed_peak = predicted.peak_bytes - problem.constant_bytes
+    parameter_bytes = sum(p.numel() * p.element_size() for p in resnet.model.parameters())
+    assert replayed_peak * (1 - MEMORY_TOLERANCE) <= measure.peak_bytes <= replayed_peak + parameter_bytes
     assert not [note for note in measure.notes if "on demand" in note]
 
 
