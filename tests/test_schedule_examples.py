@@ -43,3 +43,17 @@ def test_example_traces_are_deterministic(traces, tmp_path):
     spec.loader.exec_module(module)
     again = module.write_all(tmp_path)
     assert all(again[name].read_bytes() == path.read_bytes() for name, path in traces.items())
+
+
+def test_dlrm_at_another_scale_keeps_its_per_rank_sizes(tmp_path):
+    # bench/schedule.py --nodes N: the same per-rank sizes and compute on 8N ranks (the paper's weak scaling)
+    spec = importlib.util.spec_from_file_location("schedule_models_scaled", MODELS)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    base, wide = module.dlrm_like(), module.dlrm_like(world=32)
+    assert (base.world_size, wide.world_size) == (16, 32) and wide.process_groups[0].ranks == tuple(range(32))
+    assert wide.name == "dlrm_like_32ranks"
+    sizes = [(op.name, op.comm.bytes if op.comm else op.implementations[0].compute_us) for op in base.ops]
+    assert [(op.name, op.comm.bytes if op.comm else op.implementations[0].compute_us) for op in wide.ops] == sizes
+    paths = module.write_all(tmp_path, world=32)
+    assert json.loads(paths["fsdp"].read_text())["world_size"] == 32

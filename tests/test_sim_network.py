@@ -186,6 +186,26 @@ def test_two_flows_share_one_nic_on_ndv2x2():
     assert alone.time_us == pytest.approx(107.7)
 
 
+def test_a_kept_network_model_times_like_a_fresh_one():
+    # The schedule planner times hundreds of all-to-all motifs on one topology with one NetworkModel: every
+    # time must equal a fresh model's, whatever was timed on it before (its routes and resources accumulate).
+    topo = from_spec("dgx-a100x2")
+    kept = NetworkModel(topo)
+    patterns = [[(a, b) for a in range(16) for b in range(16) if a != b],
+                [(a, b) for a in range(8) for b in range(8, 16)],
+                [(0, 9), (1, 8), (2, 2)],
+                [(a, (a + 1) % 16) for a in range(16)]]
+    for nbytes in (1e3, 7.5e6):
+        for pairs in patterns:
+            messages = [Message(a, b, nbytes) for a, b in pairs]
+            fresh = simulate_transfers(messages, topo)
+            again = simulate_transfers(messages, topo, model=kept, stats=False)
+            assert again.time_us == fresh.time_us and again.end_us == fresh.end_us
+            assert again.resources == {} and fresh.resources
+    with pytest.raises(ValueError, match="another topology"):
+        simulate_transfers([Message(0, 1, 1.0)], from_spec("dgx-a100"), model=kept)
+
+
 def test_flow_rates_change_when_a_flow_joins():
     # A: 0->8 1 MB at t=0 (bytes from 1.7); B: 1->9 1 MB released at 50 (bytes from 51.7).
     # A alone 1.7..51.7: 50/106 MB; then both at 1/212 MB/us: A's remaining 56/106 MB takes 112 us -> 163.7.

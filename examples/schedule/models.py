@@ -46,8 +46,8 @@ LOOKUP_US, BOTTOM_FWD_US, TOP_FWD_US, INTERACTION_US = 1000, 400, 200, 300
 class _Builder:
     """Appends ops in issue order; tensors are named and created on first use."""
 
-    def __init__(self, name: str):
-        self.name = name
+    def __init__(self, name: str, world: int = WORLD):
+        self.name, self.world = name, world
         self.ops: list[Op] = []
         self.tensors: dict[str, Tensor] = {}
 
@@ -67,17 +67,20 @@ class _Builder:
 
     def trace(self) -> ModelTrace:
         return ModelTrace(self.name, tuple(self.ops), tuple(self.tensors.values()),
-                          (ProcessGroup("world", tuple(range(WORLD))),), rank=0, world_size=WORLD,
+                          (ProcessGroup("world", tuple(range(self.world))),), rank=0, world_size=self.world,
                           source={"generator": "examples/schedule/models.py"})
 
 
-def dlrm_like(bytes_scale: float = 1.0) -> ModelTrace:
+def dlrm_like(bytes_scale: float = 1.0, world: int = WORLD) -> ModelTrace:
     """Sizes and compute times: the constants above (backward = 2 x forward); `bytes_scale` multiplies every
-    communicated size (bench/enforcer.py runs a scaled copy through the CPU runtime)."""
-    b = _Builder("dlrm_like" if bytes_scale == 1.0 else f"dlrm_like_x{bytes_scale:g}")
+    communicated size (bench/enforcer.py runs a scaled copy through the CPU runtime). `world`: ranks (8 per
+    node); the per-rank sizes do not change with it (local batch, tables per rank x ranks), as in the paper's
+    weak scaling (its Fig. 12), so more nodes send a larger share of every all-to-all across nodes."""
+    name = "dlrm_like" if bytes_scale == 1.0 else f"dlrm_like_x{bytes_scale:g}"
+    b = _Builder(name if world == WORLD else f"{name}_{world}ranks", world)
 
-    def sized(nbytes: int) -> int:  # whole 64-byte units, so every block of 16 ranks stays float32-aligned
-        return max(64 * WORLD, int(nbytes * bytes_scale) // (64 * WORLD) * (64 * WORLD))
+    def sized(nbytes: int) -> int:  # whole 64-byte units, so every block of `world` ranks stays float32-aligned
+        return max(64 * world, int(nbytes * bytes_scale) // (64 * world) * (64 * world))
 
     raw = b.tensor("raw_batch", 16 * MiB, "input")
     feats = b.tensor("sparse_features", 16 * MiB)
@@ -134,10 +137,10 @@ def dlrm_like(bytes_scale: float = 1.0) -> ModelTrace:
     return b.trace()
 
 
-def fsdp_like(layers: int = 12, param_bytes: int = 48 * MiB) -> ModelTrace:
+def fsdp_like(layers: int = 12, param_bytes: int = 48 * MiB, world: int = WORLD) -> ModelTrace:
     """A transformer layer of 48 MiB parameters: 2.5 ms forward, 5 ms backward per layer (assumed)."""
-    b = _Builder("fsdp_like")
-    shards = [b.tensor(f"shard{i}", param_bytes // WORLD, "parameter") for i in range(layers)]
+    b = _Builder("fsdp_like" if world == WORLD else f"fsdp_like_{world}ranks", world)
+    shards = [b.tensor(f"shard{i}", param_bytes // world, "parameter") for i in range(layers)]
     x = b.tensor("input", 8 * MiB, "input")
     acts = []
     for i in range(layers):
@@ -156,7 +159,7 @@ def fsdp_like(layers: int = 12, param_bytes: int = 48 * MiB) -> ModelTrace:
         gw = b.tensor(f"grad_w{i}", param_bytes, "gradient")
         gin = b.tensor(f"grad_act{i}", 8 * MiB)
         b.compute(f"layer_bwd{i}", "backward", 5000, [grad, full, acts[i]], [gw, gin])
-        gs = b.tensor(f"grad_shard{i}", param_bytes // WORLD, "gradient")
+        gs = b.tensor(f"grad_shard{i}", param_bytes // world, "gradient")
         b.comm(f"rs-grad{i}", "reducescatter", param_bytes, [gw], [gs])
         grads.append(gs)
         grad = gin
@@ -164,10 +167,10 @@ def fsdp_like(layers: int = 12, param_bytes: int = 48 * MiB) -> ModelTrace:
     return b.trace()
 
 
-def cnn_dp(stages: int = 16) -> ModelTrace:
+def cnn_dp(stages: int = 16, world: int = WORLD) -> ModelTrace:
     """A RegNet-like CNN: 16 stages of 6.25 MiB of parameters (100 MiB in all), 1.2 ms forward and 2.4 ms
     backward per stage (assumed); DDP buckets of 25 MiB (4 stages) all-reduced in backward order."""
-    b = _Builder("cnn_dp")
+    b = _Builder("cnn_dp" if world == WORLD else f"cnn_dp_{world}ranks", world)
     weights = [b.tensor(f"w{i}", 25 * MiB // 4, "parameter") for i in range(stages)]
     x = b.tensor("images", 64 * MiB, "input")
     acts = []
@@ -197,15 +200,15 @@ def cnn_dp(stages: int = 16) -> ModelTrace:
 MODELS = {"dlrm": dlrm_like, "fsdp": fsdp_like, "cnn": cnn_dp}
 
 
-def write_all(out_dir: str | Path) -> dict[str, Path]:
-    """Writes OUT_DIR/<name>.trace.json for every model (atomically); returns the paths."""
+def write_all(out_dir: str | Path, world: int = WORLD) -> dict[str, Path]:
+    """Writes OUT_DIR/<name>.trace.json for every model on `world` ranks (atomically); returns the paths."""
     from mlopt.formats.io import write_json
 
     out = Path(out_dir)
     paths = {}
     for name, make in MODELS.items():
         paths[name] = out / f"{name}.trace.json"
-        write_json(paths[name], make().to_dict())
+        write_json(paths[name], make(world=world).to_dict())
     return paths
 
 

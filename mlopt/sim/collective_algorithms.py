@@ -968,17 +968,19 @@ def program_time(program: Program, topology: Topology, nbytes: float, mode: str 
     return CollectiveTiming(res.time_us, f"xml:{program.name}", res.num_messages, res.bytes_sent)
 
 
-def transfer_time(messages: Sequence[Message], topology: Topology, mode: str = "unaware") -> float:
+def transfer_time(messages: Sequence[Message], topology: Topology, mode: str = "unaware", *,
+                  model=None) -> float:
     """Time of any message list (deps: indices into the list, pointing backwards for "unaware").
 
     "aware": `simulate_transfers`; "unaware": longest path with every message alone (release_us and
     delay_us honoured, local messages cost their delay only plus their bytes at the engine's default local
     copy rate, as `simulate_transfers(congestion_aware=False)` does).
+    `model`: a `network.NetworkModel` of the topology to reuse across calls ("aware" and "fifo" only).
     """
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; known: {', '.join(MODES)}")
     if mode != "unaware":
-        return simulate_transfers(messages, topology, sharing=_SHARING[mode]).time_us
+        return simulate_transfers(messages, topology, sharing=_SHARING[mode], model=model, stats=False).time_us
     from mlopt.sim.network import DEFAULT_LOCAL_GBPS
 
     if not messages:

@@ -708,7 +708,8 @@ def _normalise_rank_map(rank_map: Sequence[int] | Mapping[int, int] | None, n: i
 def simulate_transfers(messages: Sequence[Message], topology: Topology, *,
                        rank_map: Sequence[int] | Mapping[int, int] | None = None,
                        local_GBps: float | None = DEFAULT_LOCAL_GBPS, timeline: bool = False,
-                       congestion_aware: bool = True, sharing: str = "fair") -> TransferResult:
+                       congestion_aware: bool = True, sharing: str = "fair",
+                       model: "NetworkModel | None" = None, stats: bool = True) -> TransferResult:
     """Simulate point-to-point messages with dependencies on a topology (same engine as programs).
 
     Ranks are mapped to topology ranks by `rank_map` (default identity). Raises InputError when a message
@@ -716,10 +717,16 @@ def simulate_transfers(messages: Sequence[Message], topology: Topology, *,
     `congestion_aware=False`: no sharing, every message moves at its lone rate (`unshared`).
     `sharing="fifo"` (congestion-aware only): one message at a time per link, port and NIC, first come first
     served (`run_tasks_fifo`), instead of max-min fair sharing.
+    `model`: a `NetworkModel` of this topology kept by a caller that times many message lists on it (its routes
+    are built once); its resources then include those of earlier calls, which only the statistics list.
+    `stats=False`: no per-resource statistics (empty `resources`), for callers that want the time only.
     """
     nmax = 1 + max((max(m.src, m.dst) for m in messages), default=-1)
     ranks = _normalise_rank_map(rank_map, nmax, topology, "<messages>")
-    model = NetworkModel(topology, local_GBps=local_GBps)
+    if model is None:
+        model = NetworkModel(topology, local_GBps=local_GBps)
+    elif model.topology is not topology or model.local_GBps != local_GBps:
+        raise ValueError("model: a NetworkModel of another topology or local copy rate")
     tasks: list[Task] = []
     link_bytes: dict[tuple[int, int], float] = {}
     sent = 0.0
@@ -750,7 +757,7 @@ def simulate_transfers(messages: Sequence[Message], topology: Topology, *,
         tl = [TimelineEntry(res.start_us[k], res.finish_us[k], ranks[m.src], ranks[m.dst], m.nbytes, m.label)
               for k, m in enumerate(messages) if ranks[m.src] != ranks[m.dst]]
     return TransferResult(res.makespan_us, res.start_us, res.finish_us, nnet, sent,
-                          _resource_stats(model, res, res.makespan_us), link_bytes, tl)
+                          _resource_stats(model, res, res.makespan_us) if stats else {}, link_bytes, tl)
 
 
 # ---------------------------------------------------------------------------------------------------------

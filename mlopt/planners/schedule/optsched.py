@@ -241,19 +241,49 @@ def framework_issue(problem: ScheduleProblem) -> ScheduleProblem:
 
 
 def contention_free_bound(problem: ScheduleProblem) -> Schedule:
-    """A lower bound on the makespan of every plan, order and issue model: each comm task at its option with
-    the shortest motif critical path, every motif on a channel of its own (no contention), data dependencies
-    only. With no contention the list scheduler starts every task as early as its dependencies and the
-    (fixed-order) compute stream allow, which is optimal for this relaxation; any real schedule only adds
-    delays (shared channels, slower options, framework issue)."""
+    """A lower bound on the makespan of every plan, order and issue model. Each comm task becomes one motif on a
+    channel of its own (no contention between comm tasks), lasting the least any of its options can take
+    alone (`_least_alone_us`); data dependencies only. With no contention the list scheduler starts every
+    task as early as its dependencies and the (fixed-order) compute stream allow, which is optimal for this
+    relaxation; any real schedule only adds delays (shared channels, slower options, framework issue): every
+    start is monotone in the durations and release times before it, by induction over the issue order."""
     options = {}
     for tid, plans in problem.options.items():
-        best = min(plans, key=_plan_critical_path)
-        options[tid] = (ExecutionPlan(best.label, tuple(
-            replace(m, channels=frozenset([f"{tid}/{j}"])) for j, m in enumerate(best.motifs))),)
+        best = min(plans, key=_least_alone_us)
+        options[tid] = (ExecutionPlan(best.label, (MotifRun(f"{best.label}:alone", _least_alone_us(best),
+                                                            frozenset([f"{tid}/alone"])),)),)
     channels = tuple(c for plans in options.values() for m in plans[0].motifs for c in m.channels)
     relaxed = replace(problem, options=options, channels=channels)
     return simulate(relaxed, default_plan(relaxed), "fifo", validate(relaxed))
+
+
+def channel_load_bound_us(problem: ScheduleProblem) -> float:
+    """A second lower bound on the makespan of every plan, order and issue model: a motif holds its channels
+    exclusively, so every channel is busy at least the sum, over comm tasks, of the least time any of the
+    task's options keeps that channel busy. It binds where the network, not the DAG, is the bottleneck (a
+    DLRM on 16 nodes sends more over its NICs per iteration than it computes)."""
+    busy: dict[str, float] = {}
+    for plans in problem.options.values():
+        for c in sorted({c for p in plans for m in p.motifs for c in m.channels}):
+            busy[c] = busy.get(c, 0.0) + min(sum(m.duration_us for m in p.motifs if c in m.channels) for p in plans)
+    return max(busy.values(), default=0.0)
+
+
+def lower_bound_us(problem: ScheduleProblem) -> float:
+    """The better of the two valid lower bounds: the contention-free relaxation and the busiest channel."""
+    return max(contention_free_bound(problem).makespan_us, channel_load_bound_us(problem))
+
+
+def _least_alone_us(plan: ExecutionPlan) -> float:
+    """The least time a comm task can take on this plan even with the network to itself: its motifs' critical
+    path, and on every channel the sum of the motifs holding it (a motif holds its channels exclusively from
+    start to end, so two motifs of one plan sharing a channel never overlap). The task's motifs are all
+    released together and it ends with its last one, so it lasts at least the larger of the two."""
+    load: dict[str, float] = {}
+    for m in plan.motifs:
+        for c in m.channels:
+            load[c] = load.get(c, 0.0) + m.duration_us
+    return max(_plan_critical_path(plan), max(load.values(), default=0.0))
 
 
 def _plan_critical_path(plan: ExecutionPlan) -> float:
@@ -391,11 +421,12 @@ def simulate(problem: ScheduleProblem, plan: dict[int, int], order: str, rev: li
     comm_ready: dict[int, float] = {}
     motif_wait: dict[tuple[int, int], int] = {}
     motifs_left: dict[int, int] = {}
-    ready: list[tuple[int, int]] = []  # (comm id, motif index) ready to run
+    ready: list[tuple[tuple, int, int]] = []  # (priority key, comm id, motif index) ready to run
     running: list[tuple[float, int, str, int, int]] = []  # (end, tiebreak, kind, id, motif)
     slots: dict[tuple[int, int], tuple[float, float]] = {}
     counter = 0
     now = 0.0
+    channel_free_motifs = any(not m.channels for tid, k in plan.items() for m in problem.options[tid][k].motifs)
 
     def release(tid: int, at: float) -> None:
         """Task tid became dependency-free at time `at`."""
@@ -408,7 +439,7 @@ def simulate(problem: ScheduleProblem, plan: dict[int, int], order: str, rev: li
         for j, m in enumerate(motifs):
             motif_wait[(tid, j)] = len(set(m.deps))
             if not m.deps:
-                ready.append((tid, j))
+                ready.append((key((tid, j)), tid, j))
 
     def finish_task(tid: int, at: float) -> None:
         done[tid] = at
@@ -418,6 +449,7 @@ def simulate(problem: ScheduleProblem, plan: dict[int, int], order: str, rev: li
                 release(s, at)
 
     def key(item: tuple[int, int]) -> tuple:
+        """Priority (smallest first); fixed once the motif is ready, so computed once when it becomes ready."""
         tid, j = item
         if order == "critical":
             return (-motif_cp[item], pos[tid], j)
@@ -443,21 +475,27 @@ def simulate(problem: ScheduleProblem, plan: dict[int, int], order: str, rev: li
                 counter += 1
                 head += 1
         # start ready motifs in priority order whose channels are all free now
-        ready.sort(key=key)
-        still: list[tuple[int, int]] = []
-        for item in ready:
-            tid, j = item
+        ready.sort()
+        still: list[tuple[tuple, int, int]] = []
+        free = {c for c, at in chan_free.items() if at <= now}
+        for i, entry in enumerate(ready):
+            if not free and not channel_free_motifs:  # nothing else can start now: keep the rest as they are
+                still.extend(ready[i:])
+                break
+            _, tid, j = entry
             m = problem.options[tid][plan[tid]].motifs[j]
-            if all(chan_free[c] <= now for c in m.channels):
+            if m.channels <= free:
                 end = now + m.duration_us
+                if end > now:  # a zero-length motif leaves its channels free at this instant
+                    free -= m.channels
                 for c in m.channels:
                     chan_free[c] = end
-                slots[item] = (now, end)
+                slots[(tid, j)] = (now, end)
                 task_start.setdefault(tid, now)
                 heapq.heappush(running, (end, counter, "motif", tid, j))
                 counter += 1
             else:
-                still.append(item)
+                still.append(entry)
         ready = still
         if not running:
             break
@@ -472,7 +510,7 @@ def simulate(problem: ScheduleProblem, plan: dict[int, int], order: str, rev: li
                 if j in m.deps:
                     motif_wait[(tid, k)] -= 1
                     if motif_wait[(tid, k)] == 0:
-                        ready.append((tid, k))
+                        ready.append((key((tid, k)), tid, k))
             motifs_left[tid] -= 1
             if motifs_left[tid] == 0:
                 finish_task(tid, end)

@@ -51,7 +51,7 @@ from mlopt.planners.schedule.costs import WHOLE_TOPOLOGY, CostTable
 from mlopt.planners.schedule.motifs import CommOp, Motif
 from mlopt.planners.schedule.optsched import ExecutionPlan, MotifRun, ScheduleProblem, Task
 from mlopt.sim.collective_algorithms import ALGORITHMS, collective_time, transfer_time
-from mlopt.sim.network import Message
+from mlopt.sim.network import Message, NetworkModel
 
 MAX_OPTIONS = 16
 # Segments are cut at multiples of 4 bytes, so that every piece holds whole float32 / fp16 / bf16 / int32
@@ -99,6 +99,18 @@ class _Timer:
         self.topology, self.channels, self.mode, self.costs = topology, channels, mode, costs
         self.link_class = {(l.src, l.dst): l.link_class for l in topology.links}
         self.memo: dict[tuple, Timed | None] = {}
+        self.networks: dict[str | None, NetworkModel] = {}  # channel (None: whole topology) -> routes built once
+        self.pairs: dict[str | None, frozenset[tuple[int, int]]] = {}  # channel -> the rank pairs it links
+
+    def network(self, channel: str | None, topo: Topology) -> NetworkModel:
+        if channel not in self.networks:
+            self.networks[channel] = NetworkModel(topo)
+        return self.networks[channel]
+
+    def linked(self, channel: str | None, topo: Topology) -> frozenset[tuple[int, int]]:
+        if channel not in self.pairs:
+            self.pairs[channel] = frozenset((l.src, l.dst) for l in topo.links)
+        return self.pairs[channel]
 
     def _crossed(self, algorithm: str, ranks: tuple[int, ...]) -> frozenset[str]:
         if algorithm in ("ring", "bidirectional-ring"):
@@ -216,12 +228,12 @@ class _Timer:
             targets.append((None, self.topology))
         best: Timed | None = None
         for c, topo in targets:
-            links = {(l.src, l.dst) for l in topo.links}
+            links = self.linked(c, topo)
             if any(p not in links for p in pairs):
                 continue
             t = measured(c)
             if t is None:
-                t = transfer_time(messages, topo, mode="aware")
+                t = transfer_time(messages, topo, mode="aware", model=self.network(c, topo))
             if best is None or t < best.duration_us:
                 chans = frozenset([c]) if c is not None else frozenset(self.link_class[p] for p in pairs)
                 best = Timed(t, chans, "direct")

@@ -74,7 +74,7 @@ def _prove_decompositions(payload: dict, source: str) -> tuple[int, int]:
 
 def _replay(payload: dict, source: str, model_path: str, topology_spec: str) -> None:
     from mlopt.formats.loaders import load_trace_any, resolve_topology
-    from mlopt.planners.schedule.optsched import contention_free_bound, optsched
+    from mlopt.planners.schedule.optsched import lower_bound_us, optsched
     from mlopt.planners.schedule.from_trace import cost_table_for
     from mlopt.planners.schedule.planner import issued
     from mlopt.planners.schedule.problem import schedule_problem
@@ -99,10 +99,10 @@ def _replay(payload: dict, source: str, model_path: str, topology_spec: str) -> 
                          f"{predicted} but optSched gives {makespan} with the plan's execution options")
     bound = payload["predicted"].get("bound_makespan_us")
     if bound is not None:
-        recomputed = contention_free_bound(problem).makespan_us
+        recomputed = lower_bound_us(problem)
         if not math.isclose(bound, recomputed, rel_tol=1e-9, abs_tol=1e-6):
             raise InputError(source, "$.payload.predicted.bound_makespan_us",
-                             f"{bound} but the contention-free relaxation gives {recomputed}")
+                             f"{bound} but the lower bounds (optsched.lower_bound_us) give {recomputed}")
 
 
 def validate_schedule_plan(plan: PlanFile, source: str, model_path: str | None, topology_spec: str | None) -> str:
