@@ -13,7 +13,7 @@ from mlopt.planners.schedule.optsched import (
     Task,
     contention_free_bound,
     ORDERS,
-    channel_load_bound_us,
+    channel_window_bound_us,
     critical_paths,
     default_plan,
     framework_issue,
@@ -352,20 +352,34 @@ def test_bound_below_brute_force_on_random_problems():
         prob = random_problem(rng)
         best = min(brute_force(p, order) for p in (prob, framework_issue(prob)) for order in ORDERS)
         assert contention_free_bound(prob).makespan_us <= best + 1e-9
-        assert channel_load_bound_us(prob) <= best + 1e-9
+        assert channel_window_bound_us(prob) <= best + 1e-9
         bound = lower_bound_us(prob)
         assert bound <= best + 1e-9
         tight += bound == best
     assert tight >= 10  # the bound is not vacuous: it is reached on some of them
 
 
-def test_channel_load_bound_when_the_network_is_the_bottleneck():
-    # Three independent comm tasks, each on x alone (4 us) or on x and y at once (3 us); compute is 1 us. The
-    # DAG relaxation lets them overlap (1 + 3 = 4); channel x carries at least 3 x 3 = 9 us whatever the plan.
-    tasks = (comp(0, 1), comm(1, 0), comm(2, 0), comm(3, 0))
+def test_channel_window_bound_when_the_network_is_the_bottleneck():
+    # Three independent comm tasks after a 1 us compute, each on x alone (4 us) or on x and y at once (3 us),
+    # then a 2 us compute that needs the first. The DAG relaxation lets them overlap (1 + 3 + 2 = 6); channel x
+    # carries at least 3 x 3 = 9 us, from t = 1 on: 1 + 9 = 10. With the tail: a set holding only the first
+    # task gives 1 + 3 + 2, less. Brute force: 1 + 9 = 10 with the first task run first and the compute after it.
+    tasks = (comp(0, 1), comm(1, 0), comm(2, 0), comm(3, 0), comp(4, 2, 1))
     opts = {i: (P("x", M("x", 4, "x")), P("xy", M("xy", 3, "x", "y"))) for i in (1, 2, 3)}
     prob = ScheduleProblem(tasks, opts, ("x", "y"))
-    assert contention_free_bound(prob).makespan_us == 4.0
-    assert channel_load_bound_us(prob) == 9.0
-    assert lower_bound_us(prob) == 9.0
-    assert brute_force(prob) == 10.0  # 1 + 3 x 3
+    assert contention_free_bound(prob).makespan_us == 6.0
+    assert channel_window_bound_us(prob) == 10.0
+    assert lower_bound_us(prob) == 10.0
+    assert brute_force(prob) == 10.0
+
+
+def test_channel_window_bound_counts_the_tail_after_the_channel():
+    # Two comm tasks on x (5 us each, no other option), each followed by its own 4 us compute; the compute stream
+    # runs them in issue order. Whatever runs second on x ends at 10 at the earliest and its compute (4) follows,
+    # so 14; the windows see it as heads 0, busy 5 + 5, tail >= 4.
+    tasks = (comm(0, name="a"), comm(1, name="b"), comp(2, 4, 0), comp(3, 4, 1))
+    opts = {0: (P("a", M("a", 5, "x")),), 1: (P("b", M("b", 5, "x")),)}
+    prob = ScheduleProblem(tasks, opts, ("x",))
+    assert contention_free_bound(prob).makespan_us == 13.0  # a, b at once: 5 + 4 + 4
+    assert channel_window_bound_us(prob) == 14.0
+    assert brute_force(prob) == 14.0

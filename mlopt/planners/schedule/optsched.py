@@ -247,31 +247,51 @@ def contention_free_bound(problem: ScheduleProblem) -> Schedule:
     task as early as its dependencies and the (fixed-order) compute stream allow, which is optimal for this
     relaxation; any real schedule only adds delays (shared channels, slower options, framework issue): every
     start is monotone in the durations and release times before it, by induction over the issue order."""
+    relaxed = _relaxed(problem)
+    return simulate(relaxed, default_plan(relaxed), "fifo", validate(relaxed))
+
+
+def _relaxed(problem: ScheduleProblem) -> ScheduleProblem:
+    """Every comm task as one motif of its least time alone, on a channel of its own."""
     options = {}
     for tid, plans in problem.options.items():
         best = min(plans, key=_least_alone_us)
         options[tid] = (ExecutionPlan(best.label, (MotifRun(f"{best.label}:alone", _least_alone_us(best),
                                                             frozenset([f"{tid}/alone"])),)),)
     channels = tuple(c for plans in options.values() for m in plans[0].motifs for c in m.channels)
-    relaxed = replace(problem, options=options, channels=channels)
-    return simulate(relaxed, default_plan(relaxed), "fifo", validate(relaxed))
+    return replace(problem, options=options, channels=channels)
 
 
-def channel_load_bound_us(problem: ScheduleProblem) -> float:
-    """A second lower bound on the makespan of every plan, order and issue model: a motif holds its channels
-    exclusively, so every channel is busy at least the sum, over comm tasks, of the least time any of the
-    task's options keeps that channel busy. It binds where the network, not the DAG, is the bottleneck (a
-    DLRM on 16 nodes sends more over its NICs per iteration than it computes)."""
-    busy: dict[str, float] = {}
-    for plans in problem.options.values():
-        for c in sorted({c for p in plans for m in p.motifs for c in m.channels}):
-            busy[c] = busy.get(c, 0.0) + min(sum(m.duration_us for m in p.motifs if c in m.channels) for p in plans)
-    return max(busy.values(), default=0.0)
+def channel_window_bound_us(problem: ScheduleProblem) -> float:
+    """A second lower bound on the makespan of every plan, order and issue model (Carlier's one-machine bound,
+    per channel). A motif holds its channels exclusively, so comm task j keeps channel c busy at least p_j (the
+    least any of its options holds c), somewhere between its head r_j (its start in the contention-free
+    relaxation, which no schedule beats) and the makespan minus its tail q_j (the longest path after it: its
+    successors and the compute stream in issue order, at their least durations). For any set S of tasks on c:
+    makespan >= min_S r + sum_S p + min_S q. Taken over every S = {j : r_j >= a, q_j >= b}. It binds where the
+    network, not the DAG, is the bottleneck (a DLRM on 16 nodes sends more over its NICs than it computes)."""
+    relaxed = _relaxed(problem)
+    rev = validate(relaxed)
+    heads = simulate(relaxed, default_plan(relaxed), "fifo", rev).task_times
+    paths, _ = critical_paths(relaxed, default_plan(relaxed), rev)
+    best = 0.0
+    for c in sorted({c for plans in problem.options.values() for p in plans for m in p.motifs for c in m.channels}):
+        jobs = []  # (head, busy, tail) of every comm task that must hold c
+        for tid, plans in problem.options.items():
+            busy = min(sum(m.duration_us for m in p.motifs if c in m.channels) for p in plans)
+            if busy > 0:
+                tail = paths[tid] - relaxed.options[tid][0].motifs[0].duration_us
+                jobs.append((heads[tid][0], busy, tail))
+        for a in sorted({r for r, _, _ in jobs}):
+            later = [(p, q) for r, p, q in jobs if r >= a]
+            for b in sorted({q for _, q in later}):
+                best = max(best, a + sum(p for p, q in later if q >= b) + b)
+    return best
 
 
 def lower_bound_us(problem: ScheduleProblem) -> float:
-    """The better of the two valid lower bounds: the contention-free relaxation and the busiest channel."""
-    return max(contention_free_bound(problem).makespan_us, channel_load_bound_us(problem))
+    """The better of the two valid lower bounds: the contention-free relaxation and the channel windows."""
+    return max(contention_free_bound(problem).makespan_us, channel_window_bound_us(problem))
 
 
 def _least_alone_us(plan: ExecutionPlan) -> float:

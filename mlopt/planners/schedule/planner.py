@@ -6,7 +6,7 @@ channels); the chosen system searches it (search.py) and optSched (optsched.py) 
 holds, per comm-op, its execution plan (motifs: name, channels, duration, start, end, sequence number; equal
 numbers for motifs issued together), the predicted iteration time and compute idle %, and every compared
 system's iteration time. Plans are "heuristic" (MCMC proves nothing) but carry a valid lower bound and its
-gap: the better of the contention-free relaxation and the busiest channel's load (optsched.lower_bound_us).
+gap: the better of the contention-free relaxation and the channel windows (optsched.lower_bound_us).
 
 Reproducibility: the search stops after `max_steps` proposals (deterministic for a seed) unless the wall-clock
 `budget_s` runs out first; the plan records which (`payload.search.stop_reason`). Only a "max_steps" stop gives
@@ -150,7 +150,7 @@ def plan_schedule(problem: ScheduleProblem, options: ScheduleOptions, planner_op
                       "last_iteration_us": last_iteration_us(problem, schedule, iterations),
                       "compute_idle_pct": schedule.compute_idle_pct, "tasks": len(problem.tasks),
                       # no plan, order or issue model can beat these (optsched.lower_bound_us: the
-                      # contention-free relaxation or the busiest channel; the last iteration: the relaxation's)
+                      # contention-free relaxation or the channel windows; the last iteration: the relaxation's)
                       "bound_makespan_us": bound_makespan_us, "bound_iteration_us": bound_makespan_us / iterations,
                       "bound_last_iteration_us": last_iteration_us(problem, relaxed, iterations)},
         "systems": {name: r.schedule.makespan_us / iterations for name, r in results.items()},
