@@ -122,11 +122,13 @@ def report(rows: list[dict], command: str, suffix: str) -> str:
              "needs soonest first, enforced), s-exec (searched execution plans, FIFO), s-sched (critical-path "
              "order, default plans, enforced), syndicate (both). fifo, bs+ and s-exec issue comm-ops as a "
              "framework does (behind the compute issued before them); hand, s-sched and syndicate through the "
-             "enforcer (data dependencies only). Lower bound: the contention-free relaxation (every comm-op alone on "
-             "the network for the least time any of its options takes: its motifs' critical path, and the motifs "
-             "sharing a channel one after another; data dependencies only; compute in issue order), which no "
-             "plan, order or issue model can beat (`optsched.contention_free_bound`; `mlopt validate` recomputes "
-             "it). See docs/schedule.md.", "",
+             "enforcer (data dependencies only). Lower bound (`optsched.lower_bound_us`, which `mlopt validate` "
+             "recomputes; no plan, order or issue model can beat it): the better of the contention-free relaxation "
+             "(every comm-op alone on the network for the least time any of its options takes: its motifs' critical "
+             "path, and the motifs sharing a channel one after another; data dependencies only; compute in issue "
+             "order) and the channel windows (per channel: earliest start + summed least busy time + smallest tail "
+             "of any set of the comm-ops that must use it). The steady-state bound is the relaxation's. See "
+             "docs/schedule.md.", "",
              "| model | comm-ops (2 iterations) | " + " | ".join(f"{s} us" for s in SYSTEMS)
              + " | syndicate / bs+ | lower bound us | bound / bs+ | syndicate / bound | compute us | plan wall s |",
              "|---|---|" + "---|" * len(SYSTEMS) + "---|---|---|---|---|---|"]

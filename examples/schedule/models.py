@@ -47,7 +47,8 @@ class _Builder:
     """Appends ops in issue order; tensors are named and created on first use."""
 
     def __init__(self, name: str, world: int = WORLD):
-        self.name, self.world = name, world
+        self.name = name if world == WORLD else f"{name}_{world}ranks"  # the issue's traces keep their names
+        self.world = world
         self.ops: list[Op] = []
         self.tensors: dict[str, Tensor] = {}
 
@@ -76,8 +77,7 @@ def dlrm_like(bytes_scale: float = 1.0, world: int = WORLD) -> ModelTrace:
     communicated size (bench/enforcer.py runs a scaled copy through the CPU runtime). `world`: ranks (8 per
     node); the per-rank sizes do not change with it (local batch, tables per rank x ranks), as in the paper's
     weak scaling (its Fig. 12), so more nodes send a larger share of every all-to-all across nodes."""
-    name = "dlrm_like" if bytes_scale == 1.0 else f"dlrm_like_x{bytes_scale:g}"
-    b = _Builder(name if world == WORLD else f"{name}_{world}ranks", world)
+    b = _Builder("dlrm_like" if bytes_scale == 1.0 else f"dlrm_like_x{bytes_scale:g}", world)
 
     def sized(nbytes: int) -> int:  # whole 64-byte units, so every block of `world` ranks stays float32-aligned
         return max(64 * world, int(nbytes * bytes_scale) // (64 * world) * (64 * world))
@@ -139,7 +139,7 @@ def dlrm_like(bytes_scale: float = 1.0, world: int = WORLD) -> ModelTrace:
 
 def fsdp_like(layers: int = 12, param_bytes: int = 48 * MiB, world: int = WORLD) -> ModelTrace:
     """A transformer layer of 48 MiB parameters: 2.5 ms forward, 5 ms backward per layer (assumed)."""
-    b = _Builder("fsdp_like" if world == WORLD else f"fsdp_like_{world}ranks", world)
+    b = _Builder("fsdp_like", world)
     shards = [b.tensor(f"shard{i}", param_bytes // world, "parameter") for i in range(layers)]
     x = b.tensor("input", 8 * MiB, "input")
     acts = []
@@ -170,7 +170,7 @@ def fsdp_like(layers: int = 12, param_bytes: int = 48 * MiB, world: int = WORLD)
 def cnn_dp(stages: int = 16, world: int = WORLD) -> ModelTrace:
     """A RegNet-like CNN: 16 stages of 6.25 MiB of parameters (100 MiB in all), 1.2 ms forward and 2.4 ms
     backward per stage (assumed); DDP buckets of 25 MiB (4 stages) all-reduced in backward order."""
-    b = _Builder("cnn_dp" if world == WORLD else f"cnn_dp_{world}ranks", world)
+    b = _Builder("cnn_dp", world)
     weights = [b.tensor(f"w{i}", 25 * MiB // 4, "parameter") for i in range(stages)]
     x = b.tensor("images", 64 * MiB, "input")
     acts = []
