@@ -8,18 +8,11 @@
 #include <new>
 #include <string>
 
+#include "comm.hpp"
 #include "cuda_backend.hpp"
 #include "handles.hpp"
 #include "interpreter.hpp"
 #include "reduce.hpp"
-
-struct mlopt_comm_s {
-    int32_t nranks = 0;
-    std::mutex busy;              // held for the length of a run: one collective at a time
-    mlopt::Workspace workspace;   // scratch and FIFO payloads, reused by the next run
-    mlopt::CudaWorkspacePtr cuda_workspace;  // the CUDA backend's device memory, made by its first GPU run
-    mlopt_run_stats last_stats{sizeof(mlopt_run_stats), 0, 0, 0, 0, 0.0, 0.0, MLOPT_BACKEND_CPU};
-};
 
 namespace mlopt {
 namespace {

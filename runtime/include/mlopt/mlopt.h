@@ -8,6 +8,9 @@
  *
  * Thread safety: handles are not shared-mutable; a plan may be used by several threads at once once loaded;
  * one communicator runs one collective at a time.
+ *
+ * 0.4 adds multi-process communicators (mlopt_comm_create, mlopt_comm_create_tcp, mlopt_comm_run_rank) and the
+ * enforcer over them (mlopt_enforcer_create_comm).
  */
 #ifndef MLOPT_MLOPT_H
 #define MLOPT_MLOPT_H
@@ -16,7 +19,7 @@
 #include <stdint.h>
 
 #define MLOPT_VERSION_MAJOR 0
-#define MLOPT_VERSION_MINOR 3
+#define MLOPT_VERSION_MINOR 4
 #define MLOPT_VERSION_PATCH 0
 /* Plan envelope (JSON) schema major version this library reads; see mlopt/formats/plan.py. */
 #define MLOPT_PLAN_SCHEMA_MAJOR 1
@@ -171,6 +174,79 @@ MLOPT_API mlopt_status mlopt_comm_run(mlopt_comm comm, const struct mlopt_plan_s
                                       void* const* outputs, size_t count, mlopt_dtype dtype, mlopt_redop op,
                                       const mlopt_run_options* options, mlopt_error* err);
 
+/* ------------------------------------------------------------------------------------------ multi-process */
+
+/* A multi-process communicator: one process per rank (the way torchrun starts a training job). Each process
+ * creates it with its own rank; every rank runs its part of a program with mlopt_comm_run_rank, and the ranks'
+ * threadblocks talk through a transport chosen per pair of ranks: shared memory between processes of one host
+ * (POSIX shm, one FIFO per (sender, receiver, channel)), TCP between hosts. The interpreter's semantics,
+ * watchdog and step types are those of mlopt_comm_run.
+ *
+ * Faults: a rank that never joins makes mlopt_comm_create fail on the others after init_timeout_ms (naming the
+ * missing ranks); a rank that dies or fails during a run makes the others' runs fail within watchdog_ms (its
+ * death is seen within about 100 ms on shared memory and at once on TCP); ranks that call a run with different
+ * programs, counts, dtypes or reduction ops fail with MLOPT_ERR_MISMATCH naming both sides. After a failed run
+ * the communicator is broken: every later run returns the first failure; free it. Shared-memory segments have
+ * no name left once mlopt_comm_create returns (they are unlinked as soon as every peer has mapped them), so a
+ * killed process leaves nothing in /dev/shm. */
+
+/* A key-value store every rank reaches, used only during mlopt_comm_create (torch.distributed's TCPStore or
+ * FileStore from Python, or the caller's own). Keys are NUL-terminated; values are bytes. */
+typedef struct mlopt_bootstrap {
+    size_t struct_size; /* sizeof(mlopt_bootstrap) */
+    void* ctx;          /* passed to both callbacks */
+    /* Stores `size` bytes under `key`, visible to every rank. Returns 0 on success. */
+    int (*set)(void* ctx, const char* key, const void* value, size_t size);
+    /* Waits up to timeout_ms for `key` to be set, then copies min(capacity, value size) bytes into `value`
+     * and the value's full size into *size. Returns 0 on success, 1 when it timed out, other values on error. */
+    int (*get)(void* ctx, const char* key, void* value, size_t capacity, size_t* size, int32_t timeout_ms);
+} mlopt_bootstrap;
+
+typedef enum mlopt_transport {
+    MLOPT_TRANSPORT_AUTO = 0, /* shared memory with ranks of the same host, TCP with the others */
+    MLOPT_TRANSPORT_SHM = 1,  /* shared memory with every rank (all on one host, else MLOPT_ERR_UNSUPPORTED) */
+    MLOPT_TRANSPORT_TCP = 2   /* TCP with every rank, also on one host */
+} mlopt_transport;
+
+typedef struct mlopt_comm_options {
+    size_t struct_size;          /* sizeof(mlopt_comm_options): lets the struct grow compatibly */
+    mlopt_transport transport;   /* MLOPT_TRANSPORT_AUTO */
+    int32_t init_timeout_ms;     /* every rank joins within this; <= 0: 30000 */
+    int64_t shm_fifo_bytes;      /* bytes of one shared-memory FIFO (a power of two >= 4096); <= 0: 4 MiB */
+    int32_t spin_us;             /* a waiting thread spins this long before it sleeps on a futex; < 0: 0; 0: 20 */
+    const char* host_id;         /* ranks with equal host ids share memory; NULL or "": hostname + boot id */
+    const char* tcp_address;     /* IPv4 address this rank listens on for TCP peers; NULL or "": 127.0.0.1 when
+                                    every rank is on this host, else the address of the hostname */
+    const char* key_prefix;      /* prefix of bootstrap keys (several communicators on one store); NULL: "mlopt" */
+} mlopt_comm_options;
+
+MLOPT_API void mlopt_comm_options_init(mlopt_comm_options* options);
+
+/* This process's rank `rank` of `nranks` (0 <= rank < nranks), rendezvousing through `bootstrap`. Blocks until
+ * every rank has joined and every transport is connected (a collective call: every rank must make it). */
+MLOPT_API mlopt_status mlopt_comm_create(int32_t rank, int32_t nranks, const mlopt_bootstrap* bootstrap,
+                                         const mlopt_comm_options* options, mlopt_comm* out, mlopt_error* err);
+/* The same with mlopt's own TCP rendezvous for users without a store: rank 0 listens on `address`
+ * ("host:port"), the others connect to it. */
+MLOPT_API mlopt_status mlopt_comm_create_tcp(const char* address, int32_t rank, int32_t nranks,
+                                             const mlopt_comm_options* options, mlopt_comm* out, mlopt_error* err);
+/* This process's rank; -1 for an in-process communicator. */
+MLOPT_API int32_t mlopt_comm_rank(const struct mlopt_comm_s* comm);
+/* How this rank reaches `peer`: "shm", "tcp", "self" (peer == rank) or "local" (in-process communicator);
+ * NULL for a bad argument. Static strings. */
+MLOPT_API const char* mlopt_comm_peer_transport(const struct mlopt_comm_s* comm, int32_t peer);
+
+/* Runs this process's rank of `program` on a multi-process communicator (blocking until the rank's part is
+ * done; other ranks may still be finishing). `input` and `output` are this rank's buffers, laid out as for
+ * mlopt_comm_run (count elements of input; in place: the executor's layout). Every rank must call it with the
+ * same program, count, dtype and op, in the same order of runs. options: backend must be MLOPT_BACKEND_CPU;
+ * watchdog_ms, chunk_bytes as for mlopt_comm_run (fifo_slots and threads are ignored: the transport's FIFOs
+ * bound what is in flight, and each threadblock of the rank has a thread). MLOPT_ERR_INVALID_ARGUMENT on an
+ * in-process communicator. */
+MLOPT_API mlopt_status mlopt_comm_run_rank(mlopt_comm comm, const struct mlopt_plan_s* program, const void* input,
+                                           void* output, size_t count, mlopt_dtype dtype, mlopt_redop op,
+                                           const mlopt_run_options* options, mlopt_error* err);
+
 /* Counters of the last run on `comm` (for per-step overhead measurements). */
 typedef struct mlopt_run_stats {
     size_t struct_size;      /* set by the caller to sizeof(mlopt_run_stats): the library fills only what fits */
@@ -288,6 +364,13 @@ typedef struct mlopt_enforcer_stats {
 
 MLOPT_API mlopt_status mlopt_enforcer_create(int32_t nranks, const mlopt_enforcer_options* options,
                                              mlopt_enforcer* out, mlopt_error* err);
+/* The enforcer of one rank of a multi-process communicator: this process is rank mlopt_comm_rank(comm) and
+ * submits/waits with that rank only. Every rank adds the same motif table (motifs without this rank are checked
+ * and skipped); a motif runs its program with mlopt_comm_run_rank over `comm` (which the enforcer uses from then
+ * on: run nothing else on it until the enforcer is freed, and free the enforcer before the communicator).
+ * Motifs running at once use disjoint channels, each channel its own FIFOs, so their messages never mix. */
+MLOPT_API mlopt_status mlopt_enforcer_create_comm(mlopt_comm comm, const mlopt_enforcer_options* options,
+                                                  mlopt_enforcer* out, mlopt_error* err);
 /* Stops the threads (pending work is dropped; a running motif finishes first) and frees everything. */
 MLOPT_API void mlopt_enforcer_free(mlopt_enforcer enforcer);
 /* Adds one motif to the table (before start); MLOPT_ERR_INVALID_ARGUMENT naming the op, motif and field. */
