@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from conftest import REPO, SHARED_REFERENCE
+from mlopt.errors import InputError
 from mlopt.runtime import native
 
 try:
@@ -41,7 +42,19 @@ def _reference_xmls() -> list[Path]:
     return [found[name] for name in sorted(found)]
 
 
-REFERENCE_XMLS = _reference_xmls()
+# Real files that mlopt still refuses: issue 24 (in-place-only programs that declare o_chunks=0 or i_chunks=0,
+# RCCL's attributes on <algo>). Strict: once the loader accepts one, its test fails here until it leaves this set.
+REFUSED_UNTIL_ISSUE_24 = frozenset({"msccl-scheduler_ncv4_ar_tree_12_LL.xml", "msccl-scheduler_ndv4_ag-1k-512k.xml",
+                                    "rccl_unit-test_all-reduce-ring-ll.xml"})
+
+
+def _reference_params() -> list:
+    return [pytest.param(path, marks=pytest.mark.xfail(strict=True, raises=(native.RuntimeLibraryError, InputError),
+                                                       reason="issue 24: real file refused by the loader"))
+            if path.name in REFUSED_UNTIL_ISSUE_24 else path for path in _reference_xmls()]
+
+
+REFERENCE_XMLS = _reference_params()
 MEMORY_PLAN = REPO / "runtime/tests/data/fc2_memory.plan.json"
 
 # (topology, collective, algorithm, root): every family the planner has, on small topologies.

@@ -561,7 +561,8 @@ class Enforcer(native._Owned):
     _what = "enforcer"
 
     def __init__(self, nranks: int, *, enforce_order: bool = True, watchdog_ms: int = 10000,
-                 replan_threshold: float = 0.05, threads: int = 1, executors: int = 0):
+                 replan_threshold: float = 0.05, threads: int = 1, executors: int = 0,
+                 _comm: native.ProcessComm | None = None):
         lib = native.library()
         options = native._EnforcerOptions()
         lib.mlopt_enforcer_options_init(ctypes.byref(options))
@@ -569,13 +570,30 @@ class Enforcer(native._Owned):
         options.threads, options.executors = int(threads), int(executors)
         options.enforce_order = int(bool(enforce_order))
         handle, err = ctypes.c_void_p(), ctypes.c_void_p()
-        native._raise_for(lib, lib.mlopt_enforcer_create(int(nranks), ctypes.byref(options), ctypes.byref(handle),
-                                                         ctypes.byref(err)), err)
+        if _comm is None:
+            status = lib.mlopt_enforcer_create(int(nranks), ctypes.byref(options), ctypes.byref(handle),
+                                               ctypes.byref(err))
+        else:
+            native._require_multi_process(lib)
+            status = lib.mlopt_enforcer_create_comm(_comm.handle, ctypes.byref(options), ctypes.byref(handle),
+                                                    ctypes.byref(err))
+        native._raise_for(lib, status, err)
         super().__init__(lib, handle, lib.mlopt_enforcer_free)
         self.nranks = int(nranks)
+        self.comm = _comm  # kept alive: the enforcer is freed before its communicator
+        if _comm is not None:
+            _comm.attach(self)
         self._op_bytes: dict[int, int] = {}
         self._kept: dict[tuple[int, int], list[Any]] = {}  # (rank, op) -> buffers of unfinished submissions
         self._kept_lock = threading.Lock()
+
+    @classmethod
+    def over_comm(cls, comm: native.ProcessComm, **options) -> "Enforcer":
+        """The enforcer of this process's rank of a multi-process communicator (mlopt_enforcer_create_comm;
+        options as for the constructor): every rank loads the same table, then submits and waits with rank
+        `comm.rank` only. The communicator is the enforcer's until it is closed (closing the communicator
+        closes it first)."""
+        return cls(comm.size, _comm=comm, **options)
 
     def close(self) -> None:
         super().close()

@@ -15,13 +15,23 @@ checked once per path: its major version must equal the one this binding was wri
 Buffers follow the executor's layout (mlopt/sim/symbolic.py, "Chunks per rank" and "In place"): every rank's
 input has `count` elements, every output `plan.output_count(count)`; `in_place=True` gives each rank one buffer
 holding both, the input copied into its window before the run and the outputs returned as views of theirs.
+
+One process per rank (0.4): `ProcessComm(rank, nranks, store=...)` (a torch.distributed Store or anything with its
+set/get/wait) or `ProcessComm(rank, nranks, address="host:port")` (the library's own TCP rendezvous), then
+`comm.run(plan, input)` in every process, the same runs in the same order:
+
+    with ProcessComm(rank, world, store=store) as comm:
+        output, stats = comm.run(plan, my_input)
 """
 
 from __future__ import annotations
 
 import ctypes
+import datetime
 import functools
+import logging
 import os
+import threading
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,9 +47,9 @@ BUILD_ERROR_NOTE = BUNDLED_LIBRARY.parent / "build-error.txt"  # written by setu
 # The C ABI version this binding declares (MLOPT_VERSION_MAJOR/MINOR in mlopt.h): a library of another major
 # version may have other struct layouts or signatures, so calling it could corrupt memory. Before 1.0 a minor
 # version may change layouts too (0.2 put struct_size first in mlopt_program_info and mlopt_run_stats), so
-# major 0 must match the minor as well (0.3 added the enforcer).
+# major 0 must match the minor as well (0.3 added the enforcer, 0.4 multi-process communicators).
 EXPECTED_VERSION_MAJOR = 0
-EXPECTED_VERSION_MINOR = 3
+EXPECTED_VERSION_MINOR = 4
 
 STATUS_NAMES = {
     0: "MLOPT_OK",
@@ -66,6 +76,9 @@ OPS = {"sum": 0, "prod": 1, "max": 2, "min": 3}
 BACKEND_CPU = 0
 BACKEND_CUDA = 1
 BACKENDS = {"cpu": BACKEND_CPU, "cuda": BACKEND_CUDA}
+TRANSPORTS = {"auto": 0, "shm": 1, "tcp": 2}  # mlopt_transport
+
+_log = logging.getLogger(__name__)
 
 
 # ------------------------------------------------------------------------------------------------ errors
@@ -124,6 +137,25 @@ class _RunStats(ctypes.Structure):
         ("bytes_moved", ctypes.c_int64), ("loop_iterations", ctypes.c_int64), ("wall_us", ctypes.c_double),
         ("device_us", ctypes.c_double), ("backend", ctypes.c_int32),
     ]
+
+
+class _CommOptions(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t), ("transport", ctypes.c_int), ("init_timeout_ms", ctypes.c_int32),
+        ("shm_fifo_bytes", ctypes.c_int64), ("spin_us", ctypes.c_int32), ("host_id", ctypes.c_char_p),
+        ("tcp_address", ctypes.c_char_p), ("key_prefix", ctypes.c_char_p),
+    ]
+
+
+# mlopt_bootstrap's callbacks: set(ctx, key, value, size) and get(ctx, key, value, capacity, *size, timeout_ms).
+_BOOTSTRAP_SET = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_size_t)
+_BOOTSTRAP_GET = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_size_t,
+                                  ctypes.POINTER(ctypes.c_size_t), ctypes.c_int32)
+
+
+class _Bootstrap(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("ctx", ctypes.c_void_p), ("set", _BOOTSTRAP_SET),
+                ("get", _BOOTSTRAP_GET)]
 
 
 class _EnforcerOptions(ctypes.Structure):
@@ -195,10 +227,21 @@ _PROTOTYPES: dict[str, tuple[Any, list[Any]]] = {
                                  ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.POINTER(_RunOptions),
                                  _out_handle]),
     "mlopt_comm_last_stats": (_status, [_handle, ctypes.POINTER(_RunStats)]),
+    # multi-process communicators (0.4)
+    "mlopt_comm_options_init": (None, [ctypes.POINTER(_CommOptions)]),
+    "mlopt_comm_create": (_status, [ctypes.c_int32, ctypes.c_int32, ctypes.POINTER(_Bootstrap),
+                                    ctypes.POINTER(_CommOptions), _out_handle, _out_handle]),
+    "mlopt_comm_create_tcp": (_status, [ctypes.c_char_p, ctypes.c_int32, ctypes.c_int32, ctypes.POINTER(_CommOptions),
+                                        _out_handle, _out_handle]),
+    "mlopt_comm_rank": (ctypes.c_int32, [_handle]),
+    "mlopt_comm_peer_transport": (ctypes.c_char_p, [_handle, ctypes.c_int32]),
+    "mlopt_comm_run_rank": (_status, [_handle, _handle, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
+                                      ctypes.c_int, ctypes.POINTER(_RunOptions), _out_handle]),
     "mlopt_backend_available": (_status, [ctypes.c_int, _out_handle]),
     # the enforcer (used by mlopt.runtime.enforcer)
     "mlopt_enforcer_options_init": (None, [ctypes.POINTER(_EnforcerOptions)]),
     "mlopt_enforcer_create": (_status, [ctypes.c_int32, ctypes.POINTER(_EnforcerOptions), _out_handle, _out_handle]),
+    "mlopt_enforcer_create_comm": (_status, [_handle, ctypes.POINTER(_EnforcerOptions), _out_handle, _out_handle]),
     "mlopt_enforcer_free": (None, [_handle]),
     "mlopt_enforcer_add_motif": (_status, [_handle, ctypes.POINTER(_MotifDesc), _out_handle]),
     "mlopt_enforcer_start": (_status, [_handle, _out_handle]),
@@ -211,6 +254,12 @@ _PROTOTYPES: dict[str, tuple[Any, list[Any]]] = {
                                            ctypes.POINTER(ctypes.c_int32), ctypes.POINTER(ctypes.c_int32),
                                            ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t), _out_handle]),
 }
+
+# The multi-process part of 0.4. A library built without it (its C++ landed after the header) still loads for
+# in-process use; ProcessComm and Enforcer.over_comm then raise RuntimeLibraryNotFound naming what it lacks.
+MULTI_PROCESS_FUNCTIONS = frozenset({
+    "mlopt_comm_options_init", "mlopt_comm_create", "mlopt_comm_create_tcp", "mlopt_comm_rank",
+    "mlopt_comm_peer_transport", "mlopt_comm_run_rank", "mlopt_enforcer_create_comm"})
 
 
 # ------------------------------------------------------------------------------------------------ loading
@@ -250,11 +299,13 @@ def _open_library(path: str):
         lib = ctypes.CDLL(path)  # CDLL, not PyDLL: the GIL is released while a collective runs
     except OSError as exc:
         raise RuntimeLibraryNotFound(f"{path}: cannot be loaded: {exc}") from None
-    missing = [name for name in _PROTOTYPES if not hasattr(lib, name)]
+    missing = [name for name in _PROTOTYPES if not hasattr(lib, name) and name not in MULTI_PROCESS_FUNCTIONS]
     if missing:
         raise RuntimeLibraryNotFound(f"{path}: not an mlopt runtime library of this version (missing "
                                      f"{', '.join(missing[:4])}{' ...' if len(missing) > 4 else ''}); rebuild it")
     for name, (restype, argtypes) in _PROTOTYPES.items():
+        if not hasattr(lib, name):
+            continue  # an optional multi-process function (see multi_process_problem)
         function = getattr(lib, name)
         function.restype = restype
         function.argtypes = argtypes
@@ -278,6 +329,22 @@ def version_problem(found: tuple[int, int, int], expected_major: int,
         return (f"library version {'.'.join(map(str, found))} does not match the binding ({wanted}); rebuild "
                 f"the library from this checkout (`pip install -e .`)")
     return None
+
+
+def multi_process_problem(lib=None) -> str | None:
+    """Why the library cannot run multi-process communicators (the functions it lacks), or None when it can."""
+    lib = lib if lib is not None else library()
+    missing = sorted(name for name in MULTI_PROCESS_FUNCTIONS if not hasattr(lib, name))
+    if not missing:
+        return None
+    return (f"{lib._name}: this runtime library has no multi-process communicators (missing {', '.join(missing)}); "
+            f"rebuild it from this checkout")
+
+
+def _require_multi_process(lib) -> None:
+    problem = multi_process_problem(lib)
+    if problem:
+        raise RuntimeLibraryNotFound(problem)
 
 
 def version() -> tuple[int, int, int]:
@@ -542,17 +609,62 @@ def backend_available(backend: str) -> tuple[bool, str]:
 # ------------------------------------------------------------------------------------------------ communicator
 
 
-class LocalComm(_Owned):
-    """An in-process communicator of `nranks` ranks (threads of this process sharing memory)."""
+def _run_options(lib, *, backend: str = "cpu", watchdog_ms: int = 0, fifo_slots: int = 0, chunk_bytes: int = 0,
+                 threads: int = 0, cuda_block_threads: int = 0) -> _RunOptions:
+    """mlopt_run_options: the library's default for every 0."""
+    options = _RunOptions()
+    lib.mlopt_run_options_init(ctypes.byref(options))
+    options.struct_size = ctypes.sizeof(_RunOptions)
+    options.backend = BACKENDS[backend]
+    options.watchdog_ms, options.fifo_slots = int(watchdog_ms), int(fifo_slots)
+    options.chunk_bytes, options.threads = int(chunk_bytes), int(threads)
+    options.cuda_block_threads = int(cuda_block_threads)
+    return options
+
+
+def _output_buffer(output: Any, kind: str, out_count: int, what: str, backend: str) -> Any:
+    """A caller's out-of-place output, checked: the library cannot see buffer sizes, so a short output would
+    be written past its end."""
+    described = _describe(output, what, backend)
+    if _resolve_dtype([described], kind) != kind:
+        raise ValueError(f"{what} and the input differ in dtype")
+    if described.numel != out_count:
+        raise ValueError(f"{what} has {described.numel} elements; the program writes {out_count}")
+    if not described.writable:
+        raise ValueError(f"{what} is read-only")
+    return output
+
+
+def _in_place_buffer(plan: Plan, rank: int, source: Any, output: Any | None, kind: str, count: int, out_count: int,
+                     backend: str) -> tuple[Any, int, int, Any]:
+    """One rank's single in-place buffer (`output` checked, or a new one) with `source` copied into its input
+    window: (buffer, input address, output address, view of the output window)."""
+    info = plan.program_info
+    if not info["inplace"]:
+        raise ValueError(f"{plan.source}: the program does not declare inplace=\"1\"; run it out of place")
+    total, input_at, output_at = in_place_windows(info["coll"], rank, count, out_count)
+    if output is None:
+        buffer = _empty_like(source, total)
+    else:
+        buffer = output
+        described = _describe(buffer, f"outputs[{rank}]", backend)
+        same_dtype = described.dtype == kind or (described.dtype is None and kind == "bfloat16")
+        if described.numel != total or not same_dtype or not described.writable:
+            raise ValueError(f"outputs[{rank}]: in place, each rank's buffer is {total} writable {kind} "
+                             f"elements (got {described.numel} {described.dtype})")
+    flat = _flat(buffer)
+    window = flat[input_at:input_at + count]
+    if _describe(window, "", backend).address != _describe(source, "", backend).address:
+        window[...] = _flat(source)
+    elem = DTYPE_BYTES[kind]
+    base = _describe(buffer, "", backend).address
+    return buffer, base + input_at * elem, base + output_at * elem, flat[output_at:output_at + out_count]
+
+
+class _Comm(_Owned):
+    """What every communicator has: its size and the last run's counters."""
 
     _what = "communicator"
-
-    def __init__(self, nranks: int):
-        lib = library()
-        handle, err = ctypes.c_void_p(), ctypes.c_void_p()
-        _raise_for(lib, lib.mlopt_comm_create_local(int(nranks), ctypes.byref(handle), ctypes.byref(err)), err)
-        super().__init__(lib, handle, lib.mlopt_comm_free)
-
 
     @property
     def size(self) -> int:
@@ -567,6 +679,16 @@ class LocalComm(_Owned):
         backend = next((name for name, value in BACKENDS.items() if value == stats.backend), str(stats.backend))
         return RunStats(stats.steps_executed, stats.messages, stats.bytes_moved, stats.loop_iterations, stats.wall_us,
                         stats.device_us, backend)
+
+
+class LocalComm(_Comm):
+    """An in-process communicator of `nranks` ranks (threads of this process sharing memory)."""
+
+    def __init__(self, nranks: int):
+        lib = library()
+        handle, err = ctypes.c_void_p(), ctypes.c_void_p()
+        _raise_for(lib, lib.mlopt_comm_create_local(int(nranks), ctypes.byref(handle), ctypes.byref(err)), err)
+        super().__init__(lib, handle, lib.mlopt_comm_free)
 
     def run(self, plan: Plan, inputs: Sequence[Any], outputs: Sequence[Any] | None = None, dtype: str | None = None,
             op: str = "sum", in_place: bool = False, chunk_bytes: int = 0, fifo_slots: int = 0,
@@ -597,20 +719,21 @@ class LocalComm(_Owned):
             raise ValueError(f"input buffers differ in size: {[b.numel for b in in_buffers]} elements")
         out_count = plan.output_count(count)  # also checks count against the program's chunks
         if in_place:
-            buffers, input_addresses, output_addresses, results = self._in_place_buffers(
-                plan, inputs, outputs, kind, count, out_count, backend)
+            prepared = [_in_place_buffer(plan, r, inputs[r], None if outputs is None else outputs[r], kind, count,
+                                         out_count, backend) for r in range(nranks)]
+            buffers = [p[0] for p in prepared]
+            input_addresses, output_addresses = [p[1] for p in prepared], [p[2] for p in prepared]
+            results = [p[3] for p in prepared]
         else:
-            buffers = self._out_of_place_buffers(inputs, outputs, kind, out_count, backend)
+            if outputs is None:
+                buffers = [_empty_like(inputs[r], out_count) for r in range(nranks)]
+            else:
+                buffers = [_output_buffer(x, kind, out_count, f"outputs[{r}]", backend) for r, x in enumerate(outputs)]
             input_addresses = [b.address for b in in_buffers]
             output_addresses = [_describe(x, "", backend).address for x in buffers]
             results = list(buffers)
-        options = _RunOptions()
-        self._lib.mlopt_run_options_init(ctypes.byref(options))
-        options.struct_size = ctypes.sizeof(_RunOptions)
-        options.backend = BACKENDS[backend]
-        options.watchdog_ms, options.fifo_slots = int(watchdog_ms), int(fifo_slots)
-        options.chunk_bytes, options.threads = int(chunk_bytes), int(threads)
-        options.cuda_block_threads = int(cuda_block_threads)
+        options = _run_options(self._lib, backend=backend, watchdog_ms=watchdog_ms, fifo_slots=fifo_slots,
+                               chunk_bytes=chunk_bytes, threads=threads, cuda_block_threads=cuda_block_threads)
         if backend == "cuda":
             import torch
 
@@ -624,48 +747,190 @@ class LocalComm(_Owned):
         del buffers  # kept alive until the library returned; the results hold what the caller needs
         return RunResult(results, self.last_stats())
 
-    @staticmethod
-    def _out_of_place_buffers(inputs: Sequence[Any], outputs: Sequence[Any] | None, kind: str,
-                              out_count: int, backend: str) -> list[Any]:
-        if outputs is None:
-            return [_empty_like(inputs[r], out_count) for r in range(len(inputs))]
-        out_buffers = [_describe(x, f"outputs[{r}]", backend) for r, x in enumerate(outputs)]
-        if _resolve_dtype(out_buffers, kind) != kind:
-            raise ValueError("outputs and inputs differ in dtype")
-        for r, b in enumerate(out_buffers):
-            # The library cannot see buffer sizes: a short output would be written past its end.
-            if b.numel != out_count:
-                raise ValueError(f"outputs[{r}] has {b.numel} elements; the program writes {out_count}")
-            if not b.writable:
-                raise ValueError(f"outputs[{r}] is read-only")
-        return list(outputs)
 
-    def _in_place_buffers(self, plan: Plan, inputs: Sequence[Any], outputs: Sequence[Any] | None, kind: str,
-                          count: int, out_count: int, backend: str):
-        info = plan.program_info
-        coll = info["coll"]
-        if not info["inplace"]:
-            raise ValueError(f"{plan.source}: the program does not declare inplace=\"1\"; run it out of place")
-        buffers, input_addresses, output_addresses, results = [], [], [], []
-        for rank, source in enumerate(inputs):
-            total, input_at, output_at = in_place_windows(coll, rank, count, out_count)
-            if outputs is None:
-                buffer = _empty_like(source, total)
-            else:
-                buffer = outputs[rank]
-                described = _describe(buffer, f"outputs[{rank}]", backend)
-                same_dtype = described.dtype == kind or (described.dtype is None and kind == "bfloat16")
-                if described.numel != total or not same_dtype or not described.writable:
-                    raise ValueError(f"outputs[{rank}]: in place, each rank's buffer is {total} writable {kind} "
-                                     f"elements (got {described.numel} {described.dtype})")
-            flat = _flat(buffer)
-            window = flat[input_at:input_at + count]
-            if _describe(window, "", backend).address != _describe(source, "", backend).address:
-                window[...] = _flat(source)
-            elem = DTYPE_BYTES[kind]
-            base = _describe(buffer, "", backend).address
-            buffers.append(buffer)
-            input_addresses.append(base + input_at * elem)
-            output_addresses.append(base + output_at * elem)
-            results.append(flat[output_at:output_at + out_count])
-        return buffers, input_addresses, output_addresses, results
+# ------------------------------------------------------------------------------------------------ multi-process
+
+
+class RankResult(NamedTuple):
+    output: Any  # this rank's output, of the type its input was
+    stats: RunStats
+
+
+def _is_timeout(exc: BaseException) -> bool:
+    """Whether a store's wait failed because the key did not come in time (torch raises RuntimeError('Wait
+    timeout') or DistStoreError; other stores TimeoutError)."""
+    if isinstance(exc, TimeoutError):
+        return True
+    text = f"{type(exc).__name__} {exc}".lower()
+    return "timeout" in text or "timed out" in text
+
+
+class StoreBootstrap:
+    """mlopt_bootstrap over a key-value store with torch.distributed.Store's `set(key, bytes)`, `get(key)`,
+    `wait([keys], timedelta)` (and `check([keys])` when it has one, for the library's zero-timeout looks).
+
+    The callbacks run on the library's threads during mlopt_comm_create. No Python exception leaves them (ctypes
+    would print it and return 0, which the library would take for success): a missing key is 1 (timed out),
+    any other failure 2, and the failure is kept in `errors` for the message that follows."""
+
+    def __init__(self, store: Any):
+        for method in ("set", "get", "wait"):
+            if not callable(getattr(store, method, None)):
+                raise TypeError(f"store: {type(store).__name__} has no {method}() (a torch.distributed Store has)")
+        self.store = store
+        self.errors: list[str] = []
+        self._set = _BOOTSTRAP_SET(self._set_callback)  # kept on self: the library calls them later
+        self._get = _BOOTSTRAP_GET(self._get_callback)
+        self.struct = _Bootstrap(ctypes.sizeof(_Bootstrap), None, self._set, self._get)
+
+    def _set_callback(self, ctx, key, value, size) -> int:
+        try:
+            self.store.set(key.decode("utf-8"), ctypes.string_at(value, size) if size else b"")
+            return 0
+        except BaseException as exc:  # noqa: BLE001 - nothing may propagate into C (see the class docstring)
+            return self._failed("set", key, exc)
+
+    def _get_callback(self, ctx, key, value, capacity, size, timeout_ms) -> int:
+        try:
+            data = self._fetch(key.decode("utf-8"), timeout_ms)
+            if data is None:
+                return 1
+            if capacity and value:
+                ctypes.memmove(value, data, min(capacity, len(data)))
+            size[0] = len(data)
+            return 0
+        except BaseException as exc:  # noqa: BLE001 - nothing may propagate into C (see the class docstring)
+            return self._failed("get", key, exc)
+
+    def _fetch(self, key: str, timeout_ms: int) -> bytes | None:
+        """The key's value, or None when it is not set within timeout_ms (<= 0: now). torch stores read a zero
+        timeout as "wait forever", so a look without waiting uses check() where the store has it."""
+        if timeout_ms <= 0:
+            if callable(getattr(self.store, "check", None)):
+                return bytes(self.store.get(key)) if self.store.check([key]) else None
+            timeout_ms = 1
+        try:
+            self.store.wait([key], datetime.timedelta(milliseconds=timeout_ms))
+        except Exception as exc:  # noqa: BLE001 - classified: a timeout is an answer, anything else is re-raised
+            if _is_timeout(exc):
+                return None
+            raise
+        return bytes(self.store.get(key))
+
+    def _failed(self, what: str, key: bytes | None, exc: BaseException) -> int:
+        message = f"store.{what}({_text(key)!r}) raised {type(exc).__name__}: {exc}"
+        self.errors.append(message)
+        _log.warning("mlopt bootstrap: %s", message)
+        return 2
+
+
+def _comm_options(lib, transport: str, init_timeout_ms: int, key_prefix: str | None, host_id: str | None,
+                  tcp_address: str | None, shm_fifo_bytes: int, spin_us: int) -> _CommOptions:
+    if transport not in TRANSPORTS:
+        raise ValueError(f"transport {transport!r} is not one of {', '.join(TRANSPORTS)}")
+    options = _CommOptions()
+    lib.mlopt_comm_options_init(ctypes.byref(options))
+    options.struct_size = ctypes.sizeof(_CommOptions)
+    options.transport = TRANSPORTS[transport]
+    options.init_timeout_ms, options.spin_us = int(init_timeout_ms), int(spin_us)
+    options.shm_fifo_bytes = int(shm_fifo_bytes)
+    options.host_id = host_id.encode("utf-8") if host_id else None
+    options.tcp_address = tcp_address.encode("utf-8") if tcp_address else None
+    options.key_prefix = key_prefix.encode("utf-8") if key_prefix else None
+    return options
+
+
+class ProcessComm(_Comm):
+    """This process's rank of a multi-process communicator (mlopt.h, "multi-process"): one process per rank.
+
+    Rendezvous through `store` (torch.distributed's TCPStore/FileStore/PrefixStore, or any object with their
+    set/get/wait) or, without one, `address` ("host:port": rank 0 listens there, mlopt_comm_create_tcp). A
+    collective call: every rank constructs it. transport "auto" (shared memory on one host, TCP between hosts),
+    "shm" or "tcp"; 0 for init_timeout_ms, shm_fifo_bytes or spin_us is the library's default; key_prefix keeps
+    several communicators apart on one store (None: "mlopt"); host_id: ranks with equal ids share memory.
+
+    Every rank must make the same runs in the same order. After a failed run the communicator is broken (every
+    later run raises the first failure): close it.
+    """
+
+    def __init__(self, rank: int, nranks: int, *, store: Any = None, address: str | None = None,
+                 transport: str = "auto", init_timeout_ms: int = 0, key_prefix: str | None = None,
+                 host_id: str | None = None, tcp_address: str | None = None, shm_fifo_bytes: int = 0,
+                 spin_us: int = 0):
+        if (store is None) == (address is None):
+            raise ValueError("ProcessComm needs exactly one of store= (a key-value store) and address= ('host:port')")
+        lib = library()
+        _require_multi_process(lib)
+        options = _comm_options(lib, transport, init_timeout_ms, key_prefix, host_id, tcp_address, shm_fifo_bytes,
+                                spin_us)
+        handle, err = ctypes.c_void_p(), ctypes.c_void_p()
+        self._bootstrap = StoreBootstrap(store) if store is not None else None
+        if self._bootstrap is not None:
+            status = lib.mlopt_comm_create(int(rank), int(nranks), ctypes.byref(self._bootstrap.struct),
+                                           ctypes.byref(options), ctypes.byref(handle), ctypes.byref(err))
+        else:
+            status = lib.mlopt_comm_create_tcp(address.encode("utf-8"), int(rank), int(nranks), ctypes.byref(options),
+                                               ctypes.byref(handle), ctypes.byref(err))
+        try:
+            _raise_for(lib, status, err)
+        except RuntimeLibraryError as exc:
+            if self._bootstrap is not None and self._bootstrap.errors:
+                exc.message = f"{exc.message} (the store: {self._bootstrap.errors[-1]})"
+                exc.args = (exc.message,)
+            raise
+        super().__init__(lib, handle, lib.mlopt_comm_free)
+        self._run_lock = threading.Lock()  # one collective at a time (mlopt.h); also keeps close() out of a run
+        self._dependents: weakref.WeakSet = weakref.WeakSet()  # enforcers over this comm, closed before it
+
+    @property
+    def rank(self) -> int:
+        return self._lib.mlopt_comm_rank(self.handle)
+
+    def peer_transport(self, peer: int) -> str:
+        """How this rank reaches `peer`: "shm", "tcp" or "self"."""
+        name = self._lib.mlopt_comm_peer_transport(self.handle, int(peer))
+        if name is None:
+            raise ValueError(f"peer {peer} is not a rank of this communicator of {self.size} ranks")
+        return _text(name)
+
+    def attach(self, dependent: _Owned) -> None:
+        """Registers a handle built over this communicator (an enforcer) to be closed before it; while it is
+        open, run() refuses (the library hands the communicator to the enforcer)."""
+        self._dependents.add(dependent)
+
+    def close(self) -> None:
+        for dependent in list(self._dependents):
+            dependent.close()
+        with self._run_lock:
+            super().close()
+
+    def run(self, plan: Plan, input: Any, output: Any | None = None, *, dtype: str | None = None, op: str = "sum",
+            in_place: bool = False, watchdog_ms: int | None = None, chunk_bytes: int | None = None) -> RankResult:
+        """Runs this rank's part of `plan` (mlopt_comm_run_rank): `input` is this rank's input (count elements,
+        any shape, contiguous numpy array or CPU torch tensor), `output` its output (plan.output_count(count)
+        elements; allocated when None), or, in place, its one buffer as LocalComm.run lays it out. watchdog_ms
+        and chunk_bytes: mlopt_run_options (None: the library's default). Blocks until this rank's part is done."""
+        if op not in OPS:
+            raise ValueError(f"op {op!r} is not one of {', '.join(OPS)}")
+        if any(d._finalizer.alive for d in list(self._dependents)):
+            raise ValueError("this communicator belongs to an enforcer (Enforcer.over_comm) until it is closed")
+        described = _describe(input, "input")
+        kind = _resolve_dtype([described], dtype)
+        count = described.numel
+        out_count = plan.output_count(count)  # also checks count against the program's chunks
+        if in_place:
+            buffer, input_address, output_address, result = _in_place_buffer(plan, self.rank, input, output, kind,
+                                                                              count, out_count, "cpu")
+        else:
+            buffer = _empty_like(input, out_count) if output is None else _output_buffer(output, kind, out_count,
+                                                                                          "output", "cpu")
+            input_address, output_address, result = described.address, _describe(buffer, "").address, buffer
+        options = _run_options(self._lib, watchdog_ms=watchdog_ms or 0, chunk_bytes=chunk_bytes or 0)
+        err = ctypes.c_void_p()
+        with self._run_lock:
+            status = self._lib.mlopt_comm_run_rank(self.handle, plan.handle, input_address, output_address, count,
+                                                   DTYPES[kind], OPS[op], ctypes.byref(options), ctypes.byref(err))
+            _raise_for(self._lib, status, err)
+            stats = self.last_stats()
+        del buffer  # kept alive until the library returned; the result holds what the caller needs
+        return RankResult(result, stats)

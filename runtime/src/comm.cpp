@@ -1,5 +1,6 @@
 // In-process communicators and mlopt_comm_run: checks a program against the communicator and the caller's
-// buffers (rank count, sizes, in-place layout, dtype/op), then hands it to the interpreter.
+// buffers (rank count, sizes, in-place layout, dtype/op), then hands it to the interpreter. The checks are
+// shared with mlopt_comm_run_rank (run_checks.hpp, run_rank.cpp).
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -13,16 +14,9 @@
 #include "handles.hpp"
 #include "interpreter.hpp"
 #include "reduce.hpp"
+#include "run_checks.hpp"
 
 namespace mlopt {
-namespace {
-
-// What a caller's buffers say about the run, once they passed the checks.
-struct Layout {
-    size_t chunk_elems = 0;
-    bool any_inplace = false;
-    bool any_outofplace = false;
-};
 
 std::string prefixed(const mlopt_plan_s& plan, const std::string& message) {
     return plan.source.empty() ? message : plan.source + ": " + message;
@@ -57,6 +51,8 @@ mlopt_status read_options(const mlopt_run_options* given, mlopt_run_options& out
     return MLOPT_OK;
 }
 
+namespace {
+
 bool overlap(const std::byte* a, size_t a_bytes, const std::byte* b, size_t b_bytes) {
     if (a_bytes == 0 || b_bytes == 0) return false;
     const auto pa = reinterpret_cast<uintptr_t>(a);
@@ -68,15 +64,14 @@ bool overlap(const std::byte* a, size_t a_bytes, const std::byte* b, size_t b_by
 // [r k, r k + k) (k = i_chunks), reducescatter's output is input chunks [r k, r k + k) (k = o_chunks), the
 // other collectives' input is the output. Returns "" when rank r's pointers are that layout.
 std::string check_inplace_layout(const Program& p, size_t r, const std::byte* in, const std::byte* out,
-                                 size_t chunk_bytes) {
+                                 size_t chunk_bytes, const std::string& in_name, const std::string& out_name) {
     const Gpu& gpu = p.gpus[r];
-    const std::string rank = std::to_string(r);
     if (p.coll == "allgather") {
         if (int64_t(r + 1) * gpu.i_chunks > gpu.o_chunks) {
             return "an in-place allgather needs o_chunks >= ngpus * i_chunks";
         }
         if (in != out + r * gpu.i_chunks * chunk_bytes) {
-            return "inputs[" + rank + "] overlaps outputs[" + rank + "] but is not the in-place allgather layout "
+            return in_name + " overlaps " + out_name + " but is not the in-place allgather layout "
                    "(inputs[r] = outputs[r] + r * count elements)";
         }
     } else if (p.coll == "reducescatter") {
@@ -84,18 +79,19 @@ std::string check_inplace_layout(const Program& p, size_t r, const std::byte* in
             return "an in-place reducescatter needs i_chunks >= ngpus * o_chunks";
         }
         if (out != in + r * gpu.o_chunks * chunk_bytes) {
-            return "outputs[" + rank + "] overlaps inputs[" + rank + "] but is not the in-place reducescatter "
+            return out_name + " overlaps " + in_name + " but is not the in-place reducescatter "
                    "layout (outputs[r] = inputs[r] + r * output count elements)";
         }
     } else if (in != out) {
-        return "inputs[" + rank + "] overlaps outputs[" + rank + "] but is not equal to it (in-place " + p.coll +
-               ": one buffer)";
+        return in_name + " overlaps " + out_name + " but is not equal to it (in-place " + p.coll + ": one buffer)";
     }
     return "";
 }
 
-mlopt_status check_buffers(const mlopt_plan_s& plan, void* const* inputs, void* const* outputs, size_t count,
-                           mlopt_dtype dtype, Layout& layout, mlopt_error* err) {
+}  // namespace
+
+mlopt_status check_count(const mlopt_plan_s& plan, size_t count, mlopt_dtype dtype, Layout& layout,
+                         mlopt_error* err) {
     const Program& p = plan.program;
     const size_t es = dtype_size(dtype);
     const auto i_chunks = static_cast<size_t>(p.gpus[0].i_chunks);
@@ -112,30 +108,39 @@ mlopt_status check_buffers(const mlopt_plan_s& plan, void* const* inputs, void* 
     if (layout.chunk_elems > SIZE_MAX / es / most_chunks) {
         return fail(err, MLOPT_ERR_INVALID_ARGUMENT, "count=" + std::to_string(count) + " is too large");
     }
-    if (count == 0) return MLOPT_OK;
+    return MLOPT_OK;
+}
+
+mlopt_status check_rank_buffers(const mlopt_plan_s& plan, size_t r, const void* input, const void* output,
+                                const std::string& in_name, const std::string& out_name, mlopt_dtype dtype,
+                                Layout& layout, mlopt_error* err) {
+    const Program& p = plan.program;
+    const size_t es = dtype_size(dtype);
     const size_t chunk_bytes = layout.chunk_elems * es;
-    for (size_t r = 0; r < p.gpus.size(); ++r) {
-        const auto* in = static_cast<const std::byte*>(inputs[r]);
-        const auto* out = static_cast<const std::byte*>(outputs[r]);
-        const size_t in_bytes = i_chunks * chunk_bytes;
-        const size_t out_bytes = static_cast<size_t>(p.gpus[r].o_chunks) * chunk_bytes;
-        const std::string rank = std::to_string(r);
-        if (in == nullptr || (out == nullptr && out_bytes > 0)) {
-            return fail(err, MLOPT_ERR_INVALID_ARGUMENT, "inputs[" + rank + "] or outputs[" + rank + "] is NULL");
-        }
-        if (reinterpret_cast<uintptr_t>(in) % es != 0 || reinterpret_cast<uintptr_t>(out) % es != 0) {
-            return fail(err, MLOPT_ERR_INVALID_ARGUMENT,
-                        "inputs[" + rank + "] or outputs[" + rank + "] is not aligned to " + std::to_string(es) +
-                            " bytes (" + dtype_name(dtype) + ")");
-        }
-        if (!overlap(in, in_bytes, out, out_bytes)) {
-            layout.any_outofplace = true;
-            continue;
-        }
-        const std::string problem = check_inplace_layout(p, r, in, out, chunk_bytes);
-        if (!problem.empty()) return fail(err, MLOPT_ERR_INVALID_ARGUMENT, prefixed(plan, problem));
-        layout.any_inplace = true;
+    const auto* in = static_cast<const std::byte*>(input);
+    const auto* out = static_cast<const std::byte*>(output);
+    const size_t in_bytes = static_cast<size_t>(p.gpus[0].i_chunks) * chunk_bytes;
+    const size_t out_bytes = static_cast<size_t>(p.gpus[r].o_chunks) * chunk_bytes;
+    if (in == nullptr || (out == nullptr && out_bytes > 0)) {
+        return fail(err, MLOPT_ERR_INVALID_ARGUMENT, in_name + " or " + out_name + " is NULL");
     }
+    if (reinterpret_cast<uintptr_t>(in) % es != 0 || reinterpret_cast<uintptr_t>(out) % es != 0) {
+        return fail(err, MLOPT_ERR_INVALID_ARGUMENT,
+                    in_name + " or " + out_name + " is not aligned to " + std::to_string(es) + " bytes (" +
+                        dtype_name(dtype) + ")");
+    }
+    if (!overlap(in, in_bytes, out, out_bytes)) {
+        layout.any_outofplace = true;
+        return MLOPT_OK;
+    }
+    const std::string problem = check_inplace_layout(p, r, in, out, chunk_bytes, in_name, out_name);
+    if (!problem.empty()) return fail(err, MLOPT_ERR_INVALID_ARGUMENT, prefixed(plan, problem));
+    layout.any_inplace = true;
+    return MLOPT_OK;
+}
+
+mlopt_status check_declared(const mlopt_plan_s& plan, const Layout& layout, mlopt_error* err) {
+    const Program& p = plan.program;
     if (layout.any_inplace && !p.inplace) {
         return fail(err, MLOPT_ERR_MISMATCH,
                     prefixed(plan, "in-place run (input and output buffers overlap) but the program does not "
@@ -148,13 +153,9 @@ mlopt_status check_buffers(const mlopt_plan_s& plan, void* const* inputs, void* 
     return MLOPT_OK;
 }
 
-mlopt_status check_run(const mlopt_comm_s* comm, const mlopt_plan_s* plan, void* const* inputs,
-                       void* const* outputs, mlopt_dtype dtype, mlopt_redop op, mlopt_error* err) {
-    if (comm == nullptr) return fail(err, MLOPT_ERR_INVALID_ARGUMENT, "comm is NULL");
+mlopt_status check_program_args(const mlopt_plan_s* plan, mlopt_dtype dtype, mlopt_redop op, int32_t nranks,
+                                mlopt_error* err) {
     if (plan == nullptr) return fail(err, MLOPT_ERR_INVALID_ARGUMENT, "plan is NULL");
-    if (inputs == nullptr || outputs == nullptr) {
-        return fail(err, MLOPT_ERR_INVALID_ARGUMENT, "inputs or outputs is NULL");
-    }
     if (plan->kind != MLOPT_PLAN_MSCCL_XML) {
         return fail(err, MLOPT_ERR_INVALID_ARGUMENT,
                     prefixed(*plan, "a JSON plan is not a runnable program (load an MSCCL-EF XML plan)"));
@@ -168,12 +169,42 @@ mlopt_status check_run(const mlopt_comm_s* comm, const mlopt_plan_s* plan, void*
                     "op=" + std::to_string(static_cast<int>(op)) + " is not a mlopt_redop");
     }
     // The plan came through the loader, which validated it (program.hpp): the interpreter may index freely.
-    if (plan->program.ngpus != comm->nranks) {
+    if (plan->program.ngpus != nranks) {
         return fail(err, MLOPT_ERR_MISMATCH,
                     prefixed(*plan, "the program is for ngpus=" + std::to_string(plan->program.ngpus) +
-                                        " ranks, the communicator has " + std::to_string(comm->nranks)));
+                                        " ranks, the communicator has " + std::to_string(nranks)));
     }
     return MLOPT_OK;
+}
+
+namespace {
+
+mlopt_status check_buffers(const mlopt_plan_s& plan, void* const* inputs, void* const* outputs, size_t count,
+                           mlopt_dtype dtype, Layout& layout, mlopt_error* err) {
+    mlopt_status status = check_count(plan, count, dtype, layout, err);
+    if (status != MLOPT_OK || count == 0) return status;
+    for (size_t r = 0; r < plan.program.gpus.size(); ++r) {
+        const std::string rank = std::to_string(r);
+        status = check_rank_buffers(plan, r, inputs[r], outputs[r], "inputs[" + rank + "]", "outputs[" + rank + "]",
+                                    dtype, layout, err);
+        if (status != MLOPT_OK) return status;
+    }
+    return check_declared(plan, layout, err);
+}
+
+mlopt_status check_run(const mlopt_comm_s* comm, const mlopt_plan_s* plan, void* const* inputs,
+                       void* const* outputs, mlopt_dtype dtype, mlopt_redop op, mlopt_error* err) {
+    if (comm == nullptr) return fail(err, MLOPT_ERR_INVALID_ARGUMENT, "comm is NULL");
+    if (comm->rank >= 0) {
+        return fail(err, MLOPT_ERR_INVALID_ARGUMENT,
+                    "mlopt_comm_run: the communicator is rank " + std::to_string(comm->rank) + " of a multi-process "
+                    "communicator: use mlopt_comm_run_rank");
+    }
+    if (plan == nullptr) return fail(err, MLOPT_ERR_INVALID_ARGUMENT, "plan is NULL");
+    if (inputs == nullptr || outputs == nullptr) {
+        return fail(err, MLOPT_ERR_INVALID_ARGUMENT, "inputs or outputs is NULL");
+    }
+    return check_program_args(plan, dtype, op, comm->nranks, err);
 }
 
 mlopt_status run_checked(mlopt_comm_s* comm, const mlopt_plan_s* plan, void* const* inputs, void* const* outputs,

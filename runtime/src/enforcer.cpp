@@ -1,4 +1,5 @@
-// Syndicate's plan enforcer (Pseudocode 2) over in-process ranks: the C ABI of mlopt.h ("enforcer").
+// Syndicate's plan enforcer (Pseudocode 2): the C ABI of mlopt.h ("enforcer"), over in-process ranks
+// (mlopt_enforcer_create) or over one rank of a multi-process communicator (mlopt_enforcer_create_comm).
 //
 // Threads, all sharing one mutex (the state is small and every change touches several parts of it):
 // * one progress thread per rank (enforce_order = 1): ENFORCEORDER, issuing the rank's motifs in the table's
@@ -7,9 +8,17 @@
 //   in-process communicator of the motif's size, scatter) outside the lock;
 // * a monitor: the watchdog, which turns "nothing moves while work is pending" into MLOPT_ERR_DEADLOCK.
 // Application threads call submit (ENFORCEEXECPLAN) and wait.
+//
+// Over a multi-process communicator the process handles its own rank only ("the local rank"): the same
+// bookkeeping restricted to it (handles()). A motif instance runs when it heads the local rank's queues of its
+// channels and its local deps completed; the ranks agree because every one issues in the same order, and the
+// messages synchronise them (a peer that is not there yet makes the run wait). It runs the motif program's
+// position of the local rank with the rank engine over the communicator's transport, on the tags of its lowest
+// channel, so that motifs running at once (disjoint channels) never share a stream.
 #include "enforcer.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <condition_variable>
@@ -23,7 +32,9 @@
 #include <thread>
 #include <tuple>
 
+#include "rank_engine.hpp"
 #include "reduce.hpp"
+#include "run_rank.hpp"
 
 namespace mlopt {
 namespace enforcer {
@@ -346,11 +357,13 @@ struct OpRun {  // one op in one iteration: which motifs completed (for deps)
 struct Outcome {
     mlopt_status status = MLOPT_OK;
     std::string message;
+    bool secondary = false;  // failed because another motif's failure aborted this rank's transport
 };
 
 // Program buffers of one executor thread, reused from one motif to the next.
 struct Staging {
     std::vector<std::vector<std::byte>> inputs, outputs;
+    Workspace workspace;  // scratch of the rank engine (multi-process communicators)
 };
 
 }  // namespace
@@ -359,6 +372,10 @@ struct Staging {
 
 struct mlopt_enforcer_s {
     int32_t nranks = 0;
+    // Over a multi-process communicator: the process's rank and the communicator (not owned); else -1 / NULL.
+    int32_t local_rank = -1;
+    mlopt_comm comm = nullptr;
+    std::atomic<bool> cancel{false};  // set by free: running motifs stop (their rank engines poll it)
     mlopt_enforcer_options options{};
     mlopt::enforcer::Draft draft;  // until start
     mlopt::enforcer::Table table;  // from start on, read-only
@@ -393,6 +410,16 @@ constexpr size_t kMaxDescribed = 8;  // blocked queues named in a deadlock messa
 
 // --------------------------------------------------------------------------------------- bookkeeping
 
+// The ranks whose bookkeeping this enforcer keeps: all of them in process, the local rank over a communicator.
+bool handles(const mlopt_enforcer_s& e, int32_t r) { return e.local_rank < 0 || r == e.local_rank; }
+
+bool involves_handled(const mlopt_enforcer_s& e, const Motif& m) {
+    return e.local_rank < 0 || std::find(m.ranks.begin(), m.ranks.end(), e.local_rank) != m.ranks.end();
+}
+
+// Ranks that issue a motif instance before it can run: all of its ranks in process, the local one otherwise.
+size_t issuers(const mlopt_enforcer_s& e, const Motif& m) { return e.local_rank < 0 ? m.ranks.size() : 1; }
+
 void fail_all(mlopt_enforcer_s& e, mlopt_status status, const std::string& message) {
     if (e.failed != MLOPT_OK) return;
     e.failed = status;
@@ -405,24 +432,32 @@ void fail_all(mlopt_enforcer_s& e, mlopt_status status, const std::string& messa
 bool head_everywhere(const mlopt_enforcer_s& e, const Key& key, const Motif& m) {
     for (const int32_t r : m.ranks)
         for (const int32_t c : m.channels) {
+            if (!handles(e, r)) continue;
             const auto& q = e.ranks[r]->queues[c];
             if (q.empty() || !(q.front() == key)) return false;
         }
     return true;
 }
 
+// Over a communicator, a dep without the local rank is another process's business: it changes none of this
+// rank's buffers, and the motif's messages from the ranks it shares with the dep wait for it there.
 bool deps_done(const mlopt_enforcer_s& e, const Key& key, const Motif& m) {
-    if (m.deps.empty()) return true;
     const auto run = e.op_runs.find({key.iteration, key.op});
-    if (run == e.op_runs.end()) return false;
-    for (const int32_t d : m.deps)
-        if (!run->second.done[d]) return false;
+    for (const int32_t d : m.deps) {
+        if (!involves_handled(e, e.table.ops[key.op].motifs[d])) continue;
+        if (run == e.op_runs.end() || !run->second.done[d]) return false;
+    }
     return true;
 }
 
 Job make_job(const mlopt_enforcer_s& e, const Key& key, const Motif& m) {
     Job job{key, &m, {}, {}};
     for (const int32_t r : m.ranks) {
+        if (!handles(e, r)) {  // another process's position
+            job.sources.push_back(nullptr);
+            job.outputs.push_back(nullptr);
+            continue;
+        }
         const Submission& s = e.ranks[r]->open.at({key.op, key.iteration});  // issued, so submitted
         job.sources.push_back(m.from_input ? s.input : s.output);
         job.outputs.push_back(s.output);
@@ -438,7 +473,7 @@ void dispatch(mlopt_enforcer_s& e) {
             if (q.empty()) continue;
             const Key key = q.front();
             Instance& inst = e.instances.at(key);
-            if (inst.dispatched || inst.issued < inst.motif->ranks.size()) continue;
+            if (inst.dispatched || inst.issued < issuers(e, *inst.motif)) continue;
             if (!head_everywhere(e, key, *inst.motif) || !deps_done(e, key, *inst.motif)) continue;
             inst.dispatched = true;
             e.ready.push_back(make_job(e, key, *inst.motif));
@@ -487,14 +522,17 @@ void complete_on_rank(mlopt_enforcer_s& e, int32_t r, const Key& key) {
 void complete(mlopt_enforcer_s& e, const Job& job) {
     const Motif& m = *job.motif;
     for (const int32_t r : m.ranks) {
+        if (!handles(e, r)) continue;
         for (const int32_t c : m.channels) e.ranks[r]->queues[c].pop_front();  // it was the head everywhere
         complete_on_rank(e, r, job.key);
     }
     const std::pair<int64_t, int32_t> run_key{job.key.iteration, job.key.op};
     auto run = e.op_runs.find(run_key);
     if (run == e.op_runs.end()) {
-        const size_t k = e.table.ops[job.key.op].motifs.size();
-        run = e.op_runs.emplace(run_key, OpRun{std::vector<char>(k, 0), k}).first;
+        const Op& op = e.table.ops[job.key.op];
+        const size_t k = op.motifs.size();
+        const size_t tracked = e.local_rank < 0 ? k : op.of_rank[e.local_rank].size();  // motifs that complete here
+        run = e.op_runs.emplace(run_key, OpRun{std::vector<char>(k, 0), tracked}).first;
     }
     run->second.done[m.index] = 1;
     if (--run->second.remaining == 0) e.op_runs.erase(run);
@@ -518,26 +556,31 @@ mlopt_comm take_comm(mlopt_enforcer_s& e, int32_t n) {
     return comm;  // NULL when out of memory: the run reports it
 }
 
-void gather(const Job& job, Staging& st) {
+// Program position p's staging buffers, filled from the op's buffers.
+void gather_position(const Job& job, size_t p, Staging& st) {
     const Motif& m = *job.motif;
     const size_t n = m.ranks.size();
     st.inputs.resize(std::max(st.inputs.size(), n));
     st.outputs.resize(std::max(st.outputs.size(), n));
-    for (size_t p = 0; p < n; ++p) {
-        // Padding and bytes no range covers are zero; the output too, so that a scatter of bytes the program
-        // does not write is deterministic.
-        st.inputs[p].assign(m.in_bytes, std::byte{0});
-        st.outputs[p].assign(m.out_bytes, std::byte{0});
-        for (const Range& r : m.positions[p].gather)
-            std::memcpy(st.inputs[p].data() + r.staging_offset, job.sources[p] + r.op_offset, r.length);
-    }
+    // Padding and bytes no range covers are zero; the output too, so that a scatter of bytes the program
+    // does not write is deterministic.
+    st.inputs[p].assign(m.in_bytes, std::byte{0});
+    st.outputs[p].assign(m.out_bytes, std::byte{0});
+    for (const Range& r : m.positions[p].gather)
+        std::memcpy(st.inputs[p].data() + r.staging_offset, job.sources[p] + r.op_offset, r.length);
+}
+
+void scatter_position(const Job& job, size_t p, const Staging& st) {
+    for (const Range& r : job.motif->positions[p].scatter)
+        std::memcpy(job.outputs[p] + r.op_offset, st.outputs[p].data() + r.staging_offset, r.length);
+}
+
+void gather(const Job& job, Staging& st) {
+    for (size_t p = 0; p < job.motif->ranks.size(); ++p) gather_position(job, p, st);
 }
 
 void scatter(const Job& job, const Staging& st) {
-    const Motif& m = *job.motif;
-    for (size_t p = 0; p < m.ranks.size(); ++p)
-        for (const Range& r : m.positions[p].scatter)
-            std::memcpy(job.outputs[p] + r.op_offset, st.outputs[p].data() + r.staging_offset, r.length);
+    for (size_t p = 0; p < job.motif->ranks.size(); ++p) scatter_position(job, p, st);
 }
 
 Outcome run_motif(const Job& job, mlopt_comm comm, const mlopt_enforcer_options& o, Staging& st) {
@@ -562,6 +605,49 @@ Outcome run_motif(const Job& job, mlopt_comm comm, const mlopt_enforcer_options&
     return out;
 }
 
+// A motif instance's number in message headers (RankRunRequest::run): the same on every rank, whatever the order
+// in which motifs on other channels start. Top bit set; 31 bits of iteration, 16 of op, 16 of index (a wrapped
+// value only weakens the check).
+uint64_t motif_run_id(const Key& key) {
+    return uint64_t{1} << 63 | (static_cast<uint64_t>(key.iteration) & 0x7fffffffu) << 32 |
+           (static_cast<uint64_t>(key.op) & 0xffffu) << 16 | (static_cast<uint64_t>(key.index) & 0xffffu);
+}
+
+std::string motif_run_text(uint64_t id) {
+    if (!(id >> 63)) return "run " + std::to_string(id);  // a plain mlopt_comm_run_rank
+    return Key{static_cast<int64_t>(id >> 32 & 0x7fffffffu), static_cast<int32_t>(id >> 16 & 0xffffu),
+               static_cast<int32_t>(id & 0xffffu)}
+        .text();
+}
+
+// Over a multi-process communicator: the local rank's position of the motif, with the rank engine over the
+// communicator's transport. A motif issued in another order by a peer shows as a message of another motif on
+// the channel: the ranks' queues disagree, which is what the in-process enforcer reports as a deadlock.
+Outcome run_motif_on_comm(mlopt_enforcer_s& e, const Job& job, Staging& st) {
+    const Motif& m = *job.motif;
+    const auto p = static_cast<size_t>(std::find(m.ranks.begin(), m.ranks.end(), e.local_rank) - m.ranks.begin());
+    gather_position(job, p, st);
+    const Program& program = m.program->program;
+    RankRunRequest request;
+    request.position = static_cast<int32_t>(p);
+    request.ranks = m.ranks;
+    request.tag_base = m.channels.front() * kTagsPerChannelGroup;
+    request.memory.input = st.inputs[p].data();
+    request.memory.output = st.outputs[p].data();
+    request.chunk_elems = m.count / static_cast<size_t>(program.gpus.front().i_chunks);
+    request.dtype = m.dtype;
+    request.op = m.redop;
+    request.watchdog_ms = e.options.watchdog_ms;
+    request.run = motif_run_id(job.key);
+    request.describe_run = motif_run_text;
+    request.out_of_order_status = MLOPT_ERR_DEADLOCK;
+    request.cancel = &e.cancel;
+    request.cancel_reason = "cancelled: the enforcer was freed while the motif ran";
+    const RankRunResult result = run_rank_program(program, request, *e.comm->transport, st.workspace);
+    if (result.status == MLOPT_OK) scatter_position(job, p, st);
+    return {result.status, result.message, result.aborted_elsewhere};
+}
+
 void executor_loop(mlopt_enforcer_s& e) {
     Staging staging;
     Lock lock(e.mutex);
@@ -571,23 +657,28 @@ void executor_loop(mlopt_enforcer_s& e) {
         Job job = std::move(e.ready.front());
         e.ready.pop_front();
         const auto n = static_cast<int32_t>(job.motif->ranks.size());
-        mlopt_comm comm = take_comm(e, n);
+        mlopt_comm comm = e.comm == nullptr ? take_comm(e, n) : nullptr;
         ++e.running;
         lock.unlock();
         Outcome outcome;
         try {
-            outcome = run_motif(job, comm, e.options, staging);
+            outcome = e.comm != nullptr ? run_motif_on_comm(e, job, staging) : run_motif(job, comm, e.options, staging);
         } catch (const std::bad_alloc&) {
             outcome = {MLOPT_ERR_NO_MEMORY, "out of memory for staging buffers"};
         }
         lock.lock();
         --e.running;
         if (comm != nullptr) e.idle_comms[n].push_back(comm);
-        if (outcome.status != MLOPT_OK)
-            fail_all(e, outcome.status, job.motif->label() + " (iteration " + std::to_string(job.key.iteration) +
-                                            "): " + outcome.message);
-        else
+        if (outcome.secondary) {
+            // Not completed, not the cause: the motif whose failure aborted the transport reports that.
+        } else if (outcome.status != MLOPT_OK) {
+            const std::string message = job.motif->label() + " (iteration " + std::to_string(job.key.iteration) +
+                                        "): " + outcome.message;
+            if (e.comm != nullptr) break_comm(*e.comm, outcome.status, message);  // its streams are mid-message
+            fail_all(e, outcome.status, message);
+        } else {
             complete(e, job);
+        }
     }
 }
 
@@ -650,9 +741,10 @@ std::string describe_head(const mlopt_enforcer_s& e, int32_t c, const Key& key) 
     const Instance& inst = e.instances.at(key);
     const Motif& m = *inst.motif;
     std::string out = "channel " + std::to_string(c) + " head " + key.text();
-    if (inst.issued < m.ranks.size()) {
+    if (inst.issued < issuers(e, m)) {
         std::string missing;
         for (const int32_t r : m.ranks) {
+            if (!handles(e, r)) continue;
             const auto& q = e.ranks[r]->queues[c];
             if (std::find(q.begin(), q.end(), key) == q.end())
                 missing += (missing.empty() ? "" : ", ") + std::to_string(r);
@@ -661,6 +753,7 @@ std::string describe_head(const mlopt_enforcer_s& e, int32_t c, const Key& key) 
     }
     for (const int32_t r : m.ranks)
         for (const int32_t ch : m.channels) {
+            if (!handles(e, r)) continue;
             const auto& q = e.ranks[r]->queues[ch];
             if (!(q.front() == key)) return out + " behind " + q.front().text() + " on rank " + std::to_string(r) +
                                             " channel " + std::to_string(ch);
@@ -726,6 +819,7 @@ mlopt_status read_options(const mlopt_enforcer_options* given, mlopt_enforcer_op
 }
 
 void stop_threads(mlopt_enforcer_s& e) {
+    e.cancel.store(true);  // running motifs over a communicator stop within a tick instead of at their watchdog
     {
         Lock lock(e.mutex);
         e.stopping = true;
@@ -766,7 +860,8 @@ void start_threads(mlopt_enforcer_s& e) {
     if (executors <= 0) executors = kDefaultExecutors;
     if (e.options.enforce_order)
         for (int32_t r = 0; r < e.nranks; ++r)
-            e.threads.emplace_back([&e, r] { guard_thread(e, [&] { progress_loop(e, r); }); });
+            if (handles(e, r))
+                e.threads.emplace_back([&e, r] { guard_thread(e, [&] { progress_loop(e, r); }); });
     for (int32_t i = 0; i < executors; ++i)
         e.threads.emplace_back([&e] { guard_thread(e, [&] { executor_loop(e); }); });
     e.threads.emplace_back([&e] { guard_thread(e, [&] { monitor_loop(e); }); });
@@ -774,14 +869,24 @@ void start_threads(mlopt_enforcer_s& e) {
 
 // ----------------------------------------------------------------------------------------- submission
 
+// A rank the caller may name: any of the enforcer's in process, only the local one over a communicator.
+mlopt_status check_rank(const mlopt_enforcer_s& e, int32_t rank, const char* function, mlopt_error* err) {
+    if (rank < 0 || rank >= e.nranks)
+        return fail(err, MLOPT_ERR_INVALID_ARGUMENT, std::string(function) + ": rank=" + std::to_string(rank) +
+                                                         " is not in 0.." + std::to_string(e.nranks - 1));
+    if (!handles(e, rank))
+        return fail(err, MLOPT_ERR_INVALID_ARGUMENT,
+                    std::string(function) + ": rank=" + std::to_string(rank) + " is not this process's rank " +
+                        std::to_string(e.local_rank) + " (an enforcer over a multi-process communicator handles "
+                        "its own rank only)");
+    return MLOPT_OK;
+}
+
 mlopt_status check_call(mlopt_enforcer_s* e, int32_t rank, const char* function, mlopt_error* err) {
     if (e == nullptr) return fail(err, MLOPT_ERR_INVALID_ARGUMENT, std::string(function) + ": enforcer is NULL");
     if (!e->started)
         return fail(err, MLOPT_ERR_INVALID_ARGUMENT, std::string(function) + ": the enforcer is not started");
-    if (rank < 0 || rank >= e->nranks)
-        return fail(err, MLOPT_ERR_INVALID_ARGUMENT, std::string(function) + ": rank=" + std::to_string(rank) +
-                                                         " is not in 0.." + std::to_string(e->nranks - 1));
-    return MLOPT_OK;
+    return check_rank(*e, rank, function, err);
 }
 
 mlopt_status check_submission(const mlopt_enforcer_s& e, int32_t rank, int32_t op, const void* input,
@@ -895,6 +1000,34 @@ MLOPT_API mlopt_status mlopt_enforcer_create(int32_t nranks, const mlopt_enforce
     });
 }
 
+MLOPT_API mlopt_status mlopt_enforcer_create_comm(mlopt_comm comm, const mlopt_enforcer_options* options,
+                                                  mlopt_enforcer* out, mlopt_error* err) {
+    return enf::guarded(err, "mlopt_enforcer_create_comm", [&] {
+        if (out == nullptr) return fail(err, MLOPT_ERR_INVALID_ARGUMENT, "mlopt_enforcer_create_comm: out is NULL");
+        *out = nullptr;
+        if (comm == nullptr) return fail(err, MLOPT_ERR_INVALID_ARGUMENT, "mlopt_enforcer_create_comm: comm is NULL");
+        if (comm->rank < 0 || comm->transport == nullptr)
+            return fail(err, MLOPT_ERR_INVALID_ARGUMENT,
+                        "mlopt_enforcer_create_comm: an in-process communicator (use mlopt_enforcer_create)");
+        {
+            std::unique_lock<std::mutex> busy(comm->busy, std::try_to_lock);
+            if (!busy.owns_lock())
+                return fail(err, MLOPT_ERR_INVALID_ARGUMENT,
+                            "mlopt_enforcer_create_comm: the communicator is running a collective");
+            if (comm->broken_status != MLOPT_OK) return mlopt::comm_broken_error(*comm, err);
+        }
+        auto e = std::make_unique<mlopt_enforcer_s>();
+        const mlopt_status status = enf::read_options(options, e->options, err);
+        if (status != MLOPT_OK) return status;
+        e->nranks = comm->nranks;
+        e->local_rank = comm->rank;
+        e->comm = comm;
+        for (int32_t r = 0; r < e->nranks; ++r) e->ranks.push_back(std::make_unique<enf::RankState>());
+        *out = e.release();
+        return succeed(err);
+    });
+}
+
 MLOPT_API void mlopt_enforcer_free(mlopt_enforcer enforcer) {
     if (enforcer == nullptr) return;
     enf::stop_threads(*enforcer);
@@ -979,10 +1112,12 @@ MLOPT_API mlopt_status mlopt_enforcer_wait(mlopt_enforcer enforcer, int32_t rank
 
 MLOPT_API mlopt_status mlopt_enforcer_drain(mlopt_enforcer enforcer, mlopt_error* err) {
     return enf::guarded(err, "mlopt_enforcer_drain", [&] {
-        const mlopt_status status = enf::check_call(enforcer, 0, "mlopt_enforcer_drain", err);
+        const int32_t first = enforcer != nullptr && enforcer->local_rank >= 0 ? enforcer->local_rank : 0;
+        const mlopt_status status = enf::check_call(enforcer, first, "mlopt_enforcer_drain", err);
         if (status != MLOPT_OK) return status;
         enf::Lock lock(enforcer->mutex);
         for (int32_t r = 0; r < enforcer->nranks; ++r) {
+            if (!enf::handles(*enforcer, r)) continue;
             const mlopt_status s = enf::wait_locked(*enforcer, lock, r, -1, err);
             if (s != MLOPT_OK) return s;
         }
@@ -995,9 +1130,8 @@ MLOPT_API mlopt_status mlopt_enforcer_get_stats(const mlopt_enforcer_s* enforcer
     return enf::guarded(err, "mlopt_enforcer_get_stats", [&] {
         if (enforcer == nullptr || out == nullptr)
             return fail(err, MLOPT_ERR_INVALID_ARGUMENT, "mlopt_enforcer_get_stats: enforcer or out is NULL");
-        if (rank < 0 || rank >= enforcer->nranks)
-            return fail(err, MLOPT_ERR_INVALID_ARGUMENT, "mlopt_enforcer_get_stats: rank=" + std::to_string(rank) +
-                                                             " is not in 0.." + std::to_string(enforcer->nranks - 1));
+        const mlopt_status status = enf::check_rank(*enforcer, rank, "mlopt_enforcer_get_stats", err);
+        if (status != MLOPT_OK) return status;
         enf::Lock lock(enforcer->mutex);
         mlopt_enforcer_stats stats = enforcer->ranks[rank]->stats;
         stats.struct_size = sizeof stats;
@@ -1013,9 +1147,8 @@ MLOPT_API mlopt_status mlopt_enforcer_issue_log(const mlopt_enforcer_s* enforcer
     return enf::guarded(err, "mlopt_enforcer_issue_log", [&] {
         if (enforcer == nullptr || count == nullptr)
             return fail(err, MLOPT_ERR_INVALID_ARGUMENT, "mlopt_enforcer_issue_log: enforcer or count is NULL");
-        if (rank < 0 || rank >= enforcer->nranks)
-            return fail(err, MLOPT_ERR_INVALID_ARGUMENT, "mlopt_enforcer_issue_log: rank=" + std::to_string(rank) +
-                                                             " is not in 0.." + std::to_string(enforcer->nranks - 1));
+        const mlopt_status status = enf::check_rank(*enforcer, rank, "mlopt_enforcer_issue_log", err);
+        if (status != MLOPT_OK) return status;
         if (capacity > 0 && (ops == nullptr || indices == nullptr || iterations == nullptr))
             return fail(err, MLOPT_ERR_INVALID_ARGUMENT,
                         "mlopt_enforcer_issue_log: ops, indices or iterations is NULL with capacity > 0");

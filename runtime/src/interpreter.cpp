@@ -20,13 +20,13 @@
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
-#include <cstring>
 #include <deque>
 #include <mutex>
 #include <new>
 #include <thread>
 
 #include "reduce.hpp"
+#include "step_ops.hpp"
 #include "validate.hpp"
 
 namespace mlopt {
@@ -77,16 +77,9 @@ void Workspace::give(Block block) {
 namespace {
 
 // Step classification and names: validate.hpp (shared with the loader).
+// Step data operations, loop slicing, flags and labels: step_ops.hpp (shared with the rank engine).
 constexpr auto receives = step_receives;
 constexpr auto sends = step_sends;
-constexpr auto reads_src = step_reads_src;
-constexpr auto writes_dst = step_writes_dst;
-
-
-std::string step_label(int32_t rank, int32_t tb, size_t step, StepType type) {
-    return "rank " + std::to_string(rank) + " tb " + std::to_string(tb) + " step " + std::to_string(step) + " (" +
-           step_type_name(type) + ")";
-}
 
 }  // namespace
 
@@ -138,13 +131,6 @@ struct TbState {
     std::vector<int32_t> flag_waiters;
 };
 
-int64_t flag_value(int64_t iteration, int64_t step) { return (iteration << 32) | step; }
-
-struct Slice {
-    size_t offset = 0;  // first element within each chunk
-    size_t len = 0;     // elements within each chunk
-};
-
 class Engine {
 public:
     Engine(const Program& program, const RunRequest& request, Workspace& workspace);
@@ -169,7 +155,6 @@ private:
 
     // Data; without the lock (the step owns its message and slot; buffers follow the program's ordering).
     void execute(TbState& t, const Step& st) const;
-    Slice slice(int64_t iteration) const;
     std::byte* buffer(int32_t rank, Buffer b) const;
 
     std::string where(const TbState& t) const;
@@ -181,8 +166,8 @@ private:
     const RunRequest& request_;
     Workspace& workspace_;
     const size_t elem_size_;
-    size_t slice_elems_ = 0;
-    int64_t iterations_ = 0;
+    const LoopSlicing slicing_;
+    const int64_t iterations_;
     size_t fifo_slots_ = 0;  // 0: unbounded
     std::vector<std::byte*> scratch_;
 
@@ -204,14 +189,13 @@ private:
 };
 
 Engine::Engine(const Program& program, const RunRequest& request, Workspace& workspace)
-    : program_(program), request_(request), workspace_(workspace), elem_size_(dtype_size(request.dtype)) {
+    : program_(program),
+      request_(request),
+      workspace_(workspace),
+      elem_size_(dtype_size(request.dtype)),
+      slicing_(request.chunk_elems, request.chunk_bytes, elem_size_),
+      iterations_(slicing_.iterations) {
     const size_t chunk = request.chunk_elems;
-    slice_elems_ = chunk;
-    if (request.chunk_bytes > 0) {
-        const size_t per_slice = static_cast<size_t>(request.chunk_bytes) / elem_size_;
-        slice_elems_ = std::min(chunk, std::max<size_t>(per_slice, 1));
-    }
-    iterations_ = chunk == 0 ? 0 : static_cast<int64_t>((chunk + slice_elems_ - 1) / slice_elems_);
     fifo_slots_ = request.fifo_slots > 0 ? static_cast<size_t>(request.fifo_slots) : 0;
     for (size_t r = 0; r < program.gpus.size(); ++r) {
         scratch_.push_back(workspace.scratch(r, static_cast<size_t>(program.gpus[r].s_chunks) * chunk * elem_size_));
@@ -407,7 +391,9 @@ bool Engine::acquire(int32_t g, TbState& t, const Step& st) {
         ++out.reserved;
         t.reserved = true;
         // Steps that also receive forward the received payload; a plain send needs its own.
-        if (!receives(st.type)) t.outgoing = workspace_.take(static_cast<size_t>(st.cnt) * slice(t.iteration).len * elem_size_);
+        if (!receives(st.type)) {
+            t.outgoing = workspace_.take(static_cast<size_t>(st.cnt) * slicing_.length(t.iteration) * elem_size_);
+        }
     }
     t.wait = Wait::none;
     return true;
@@ -433,7 +419,7 @@ bool Engine::check_message(const TbState& t, const Step& st) {
 }
 
 void Engine::complete(TbState& t, const Step& st) {
-    const size_t elems = static_cast<size_t>(st.cnt) * slice(t.iteration).len;
+    const size_t elems = static_cast<size_t>(st.cnt) * slicing_.length(t.iteration);
     if (t.reserved) {
         Connection& out = connections_[t.send_conn];
         Message m;
@@ -503,13 +489,6 @@ void Engine::recycle() {
     }
 }
 
-Slice Engine::slice(int64_t iteration) const {
-    Slice s;
-    s.offset = static_cast<size_t>(iteration) * slice_elems_;
-    s.len = std::min(slice_elems_, request_.chunk_elems - s.offset);
-    return s;
-}
-
 std::byte* Engine::buffer(int32_t rank, Buffer b) const {
     switch (b) {
         case Buffer::input: return request_.ranks[rank].input;
@@ -519,39 +498,13 @@ std::byte* Engine::buffer(int32_t rank, Buffer b) const {
     return nullptr;
 }
 
+// The step's data work (step_ops.hpp): `in` is the received payload, which forwarding steps send on in place.
 void Engine::execute(TbState& t, const Step& st) const {
-    if (st.cnt == 0 || st.type == StepType::nop) return;
-    const Slice s = slice(t.iteration);
-    const size_t es = elem_size_;
-    const size_t chunk_bytes = request_.chunk_elems * es;
-    // The step's slices of cnt consecutive chunks; with whole chunks they are one contiguous run (one call).
-    const bool contiguous = s.len == request_.chunk_elems;
-    const size_t pieces = contiguous ? 1 : static_cast<size_t>(st.cnt);
-    const size_t piece_elems = contiguous ? s.len * static_cast<size_t>(st.cnt) : s.len;
-    const size_t piece_bytes = piece_elems * es;
-    std::byte* src = reads_src(st.type) ? buffer(t.rank, st.srcbuf) + st.srcoff * chunk_bytes + s.offset * es : nullptr;
-    std::byte* dst = writes_dst(st.type) ? buffer(t.rank, st.dstbuf) + st.dstoff * chunk_bytes + s.offset * es : nullptr;
-    std::byte* in = t.holding ? t.held.payload.data() : nullptr;
-    std::byte* out = (t.reserved && !t.holding) ? t.outgoing.data() : nullptr;
-    const mlopt_dtype dtype = request_.dtype;
-    const mlopt_redop op = request_.op;
-    for (size_t p = 0; p < pieces; ++p) {
-        const size_t at = p * chunk_bytes;   // in the buffers
-        const size_t msg = p * piece_bytes;  // in the message
-        switch (st.type) {
-            case StepType::s: std::memcpy(out + msg, src + at, piece_bytes); break;
-            case StepType::r:
-            case StepType::rcs: std::memcpy(dst + at, in + msg, piece_bytes); break;  // rcs forwards `in`
-            case StepType::rrs: reduce(dtype, op, in + msg, in + msg, src + at, piece_elems); break;
-            case StepType::rrc: reduce(dtype, op, dst + at, in + msg, src + at, piece_elems); break;
-            case StepType::rrcs: reduce_keep(dtype, op, dst + at, in + msg, src + at, piece_elems); break;
-            case StepType::cpy:
-                if (dst != src) std::memmove(dst + at, src + at, piece_bytes);
-                break;
-            case StepType::re: reduce(dtype, op, dst + at, dst + at, src + at, piece_elems); break;
-            case StepType::nop: break;
-        }
-    }
+    const StepData d = step_data(st, buffer(t.rank, st.srcbuf), buffer(t.rank, st.dstbuf), slicing_, t.iteration,
+                                 request_.dtype, request_.op);
+    const std::byte* in = t.holding ? t.held.payload.data() : nullptr;
+    std::byte* out = t.reserved ? (t.holding ? t.held.payload.data() : t.outgoing.data()) : nullptr;
+    apply_step(d, 0, d.bytes, in, out);
 }
 
 std::string Engine::where(const TbState& t) const {

@@ -212,9 +212,11 @@ typedef struct mlopt_comm_options {
     size_t struct_size;          /* sizeof(mlopt_comm_options): lets the struct grow compatibly */
     mlopt_transport transport;   /* MLOPT_TRANSPORT_AUTO */
     int32_t init_timeout_ms;     /* every rank joins within this; <= 0: 30000 */
-    int64_t shm_fifo_bytes;      /* bytes of one shared-memory FIFO (a power of two >= 4096); <= 0: 4 MiB */
+    int64_t shm_fifo_bytes;      /* bytes of one shared-memory FIFO (a power of two in [4096, 256 MiB]); <= 0:
+                                    4 MiB. Each stream's FIFO is reserved in /dev/shm when first used */
     int32_t spin_us;             /* a waiting thread spins this long before it sleeps on a futex; < 0: 0; 0: 20 */
-    const char* host_id;         /* ranks with equal host ids share memory; NULL or "": hostname + boot id */
+    const char* host_id;         /* ranks with equal host ids share memory; NULL or "": hostname + boot id + pid
+                                    namespace (containers that cannot see each other's pids use TCP) */
     const char* tcp_address;     /* IPv4 address this rank listens on for TCP peers; NULL or "": 127.0.0.1 when
                                     every rank is on this host, else the address of the hostname */
     const char* key_prefix;      /* prefix of bootstrap keys (several communicators on one store); NULL: "mlopt" */
@@ -223,7 +225,12 @@ typedef struct mlopt_comm_options {
 MLOPT_API void mlopt_comm_options_init(mlopt_comm_options* options);
 
 /* This process's rank `rank` of `nranks` (0 <= rank < nranks), rendezvousing through `bootstrap`. Blocks until
- * every rank has joined and every transport is connected (a collective call: every rank must make it). */
+ * every rank has joined and every transport is connected (a collective call: every rank must make it).
+ * MLOPT_ERR_IO when a rank does not join within init_timeout_ms ("ranks 2, 3 did not join within 30000 ms"), a
+ * rank failed during its create ("rank 1 failed: ...", published on the store so the others stop waiting), or a
+ * segment, socket or the store fails; MLOPT_ERR_UNSUPPORTED for MLOPT_TRANSPORT_SHM across hosts. Keys are
+ * "<key_prefix>/info/<rank>", ".../tcp/<rank>", ".../ready/<rank>" and ".../abort", never deleted: each
+ * communicator made on one store needs its own key_prefix. */
 MLOPT_API mlopt_status mlopt_comm_create(int32_t rank, int32_t nranks, const mlopt_bootstrap* bootstrap,
                                          const mlopt_comm_options* options, mlopt_comm* out, mlopt_error* err);
 /* The same with mlopt's own TCP rendezvous for users without a store: rank 0 listens on `address`
@@ -242,7 +249,23 @@ MLOPT_API const char* mlopt_comm_peer_transport(const struct mlopt_comm_s* comm,
  * same program, count, dtype and op, in the same order of runs. options: backend must be MLOPT_BACKEND_CPU;
  * watchdog_ms, chunk_bytes as for mlopt_comm_run (fifo_slots and threads are ignored: the transport's FIFOs
  * bound what is in flight, and each threadblock of the rank has a thread). MLOPT_ERR_INVALID_ARGUMENT on an
- * in-process communicator. */
+ * in-process communicator (and mlopt_comm_run on a multi-process one); MLOPT_ERR_UNSUPPORTED for the CUDA backend.
+ *
+ * Messages stream through the FIFOs (no copy of a whole message is kept): a step blocks until its message has
+ * gone through, so ranks that all send before they receive (a ring) deadlock when one message is larger than a
+ * FIFO. chunk_bytes <= 0 therefore slices chunks here so that no message carries more than 1 MiB (every rank
+ * derives the same slices from the program and dtype); an explicit chunk_bytes times the program's largest cnt,
+ * plus a 112-byte header, should stay below shm_fifo_bytes.
+ *
+ * Failures of a run: MLOPT_ERR_MISMATCH when a peer runs another program, count, dtype, op or slicing, or another
+ * run (it ran a collective this rank did not); the message names both sides ("rank 0 runs 'allreduce_ring'
+ * count=1024 float32 sum ...; rank 1 sent for 'x' count=2048 ..."). MLOPT_ERR_SEMANTIC when a message does not
+ * match its receiving step. MLOPT_ERR_DEADLOCK when nothing moved on this rank for watchdog_ms (the message lists
+ * what each unfinished threadblock of the rank waits for), and also when a peer died or failed: the run cannot
+ * complete ("peer failed: " and the transport's reason, e.g. "rank 0 (pid 123) exited"). A failed run aborts this
+ * rank's transport, so that its peers fail at once rather than at their watchdogs, and breaks the communicator.
+ * Argument errors (found before the run starts) break nothing and do not count as a run; the peers wait for this
+ * rank up to their watchdog. */
 MLOPT_API mlopt_status mlopt_comm_run_rank(mlopt_comm comm, const struct mlopt_plan_s* program, const void* input,
                                            void* output, size_t count, mlopt_dtype dtype, mlopt_redop op,
                                            const mlopt_run_options* options, mlopt_error* err);
@@ -271,7 +294,8 @@ MLOPT_API mlopt_status mlopt_comm_last_stats(const struct mlopt_comm_s* comm, ml
  * motifs: smaller collectives over a subset of the ranks, each an MSCCL-EF program run on staging buffers
  * gathered from (and scattered back into) the op's per-rank buffers. Each motif has a sequence number (seq)
  * within the iteration; equal numbers are issued together. Ranks are in-process, as for mlopt_comm: each
- * rank's application thread calls submit/wait with its own rank.
+ * rank's application thread calls submit/wait with its own rank (mlopt_enforcer_create); or one per process,
+ * over a multi-process communicator (mlopt_enforcer_create_comm).
  *
  * Execution model (what makes the order matter, as NCCL communicators and streams do): every (rank,
  * channel) has a FIFO queue of issued motifs; a motif instance runs when it is at the head of every one of
@@ -368,7 +392,14 @@ MLOPT_API mlopt_status mlopt_enforcer_create(int32_t nranks, const mlopt_enforce
  * submits/waits with that rank only. Every rank adds the same motif table (motifs without this rank are checked
  * and skipped); a motif runs its program with mlopt_comm_run_rank over `comm` (which the enforcer uses from then
  * on: run nothing else on it until the enforcer is freed, and free the enforcer before the communicator).
- * Motifs running at once use disjoint channels, each channel its own FIFOs, so their messages never mix. */
+ * Motifs running at once use disjoint channels, each channel its own FIFOs, so their messages never mix.
+ * A motif runs once it heads this rank's queues of its channels and its deps that involve this rank completed
+ * (deps without this rank change none of its buffers; the messages from the ranks they involve wait for them);
+ * the ranks agree because they issue in the same order. A motif run that fails fails the enforcer and breaks the
+ * communicator; a peer running another motif on a shared channel (orders that differ, enforce_order = 0) is
+ * MLOPT_ERR_DEADLOCK, as in process. Freeing the enforcer cancels a running motif (within ~100 ms), which leaves
+ * the communicator broken. MLOPT_ERR_INVALID_ARGUMENT for an in-process or busy communicator; a broken one returns
+ * its failure. */
 MLOPT_API mlopt_status mlopt_enforcer_create_comm(mlopt_comm comm, const mlopt_enforcer_options* options,
                                                   mlopt_enforcer* out, mlopt_error* err);
 /* Stops the threads (pending work is dropped; a running motif finishes first) and frees everything. */
