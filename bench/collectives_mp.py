@@ -33,6 +33,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ranks import spawn_ranks  # bench/ranks.py (this script's folder is on sys.path)
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
@@ -187,24 +189,11 @@ def run_job(system: str, n: int, index: Path | None, args, folder: Path) -> dict
     store = folder / f"{system}-{n}.store"
     store.unlink(missing_ok=True)
     out = folder / f"{system}-{n}"
-    procs = []
-    for rank in range(n):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(n), LOCAL_RANK=str(rank))
-        if index is not None:
-            env["MLOPT_PLAN_INDEX"] = str(index)
-        cmd = [sys.executable, __file__, "--worker", "--system", system, "--store", str(store), "--out", str(out),
-               "--sizes", args.sizes, "--repeats", str(args.repeats), "--warmup", str(args.warmup)]
-        procs.append(subprocess.Popen(cmd, env=env, cwd=REPO))
-    deadline = time.monotonic() + JOB_TIMEOUT_S
-    for p in procs:
-        try:
-            p.wait(timeout=max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            raise SystemExit(f"{system} with {n} processes did not finish within {JOB_TIMEOUT_S} s")
-    if any(p.returncode != 0 for p in procs):
-        raise SystemExit(f"{system} with {n} processes failed: exit codes {[p.returncode for p in procs]}")
+    env = {"MLOPT_PLAN_INDEX": str(index)} if index is not None else {}
+    spawn_ranks(n, lambda rank: [sys.executable, __file__, "--worker", "--system", system, "--store", str(store),
+                                 "--out", str(out), "--sizes", args.sizes, "--repeats", str(args.repeats),
+                                 "--warmup", str(args.warmup)],
+                env, JOB_TIMEOUT_S, REPO, f"{system} with {n} processes")
     per_rank = [json.loads(out.with_suffix(f".rank{r}.json").read_text()) for r in range(n)]
     return {key: [max(rank_times[key][i] for rank_times in per_rank) for i in range(len(per_rank[0][key]))]
             for key in per_rank[0]}

@@ -862,10 +862,11 @@ def profile() -> None:
 @profile.command("hardware")
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
               help="Topology to write (mlopt.topology JSON; the fit report is in its `source`).")
-@click.option("--transport", type=click.Choice(["auto", "threads", "processes", "tcp", "cuda"]), default="auto",
+@click.option("--transport", type=click.Choice(["auto", "threads", "processes", "tcp", "runtime", "cuda"]), default="auto",
               show_default=True,
               help="auto: CUDA peer copies with 2+ GPUs, else threads; threads: the runtime's CPU ranks (what "
-                   "run-collective uses); processes: shared memory between processes; tcp: loopback TCP.")
+                   "run-collective uses); processes: shared memory between processes; tcp: loopback TCP; "
+                   "runtime: processes over the runtime's multi-process communicator (the mlopt torch backend).")
 @click.option("--ranks", "ranks_text", default=None,
               help="Ranks to profile (CPU: default 4, --quick 2; GPU: the first N GPUs, default all).")
 @click.option("--sizes", "sizes_text", default=None,

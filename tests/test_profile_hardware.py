@@ -351,7 +351,7 @@ def test_transfer_program_moves_the_chunks(runtime_library):
         assert (outputs[0] == 3.0).all() and stats.messages == (4 if seq else 1)
 
 
-@pytest.mark.parametrize("transport", ["threads", "processes", "tcp"])
+@pytest.mark.parametrize("transport", ["threads", "processes", "tcp", "runtime"])
 def test_cpu_transports_give_physical_topologies(transport, runtime_library):
     options = ProfileOptions(transport=transport, ranks=2, sizes=(16 * KiB, 64 * KiB), chunks=(1, 2), repeats=2)
     profile = profile_cpu(options)

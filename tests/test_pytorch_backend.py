@@ -686,10 +686,9 @@ def _scenario_dead_rank(rank: int, world: int, config: dict, result: dict) -> No
                             pg_options=mp.BackendOptions(watchdog_ms=config["watchdog_ms"]))
     dist.all_reduce(torch.ones(1024))
     result["first"] = "ok"
-    big = torch.ones(16 << 20)  # 64 MiB: rank 1 dies while its part of the run is under way
-    if rank == 1:
-        dist.all_reduce(big, async_op=True)
-        time.sleep(0.05)
+    big = torch.ones(16 << 20)  # 64 MiB
+    if rank == 1:  # dies while rank 0 is inside the all-reduce, waiting for its data (never in time to join)
+        time.sleep(0.2)
         result["died"] = True
         _write_result(config, rank, result)
         os._exit(0)

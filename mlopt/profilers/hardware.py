@@ -8,7 +8,9 @@ Two drivers share one pipeline (measure -> fit per link -> group into classes ->
   `wall_us`. `processes`: one process per rank, chunks copied through the receiver's shared-memory
   segment one message at a time (a semaphore posts that a message is there, another that it was copied
   out). `tcp`: one process per rank, chunks sent over loopback TCP, the receiver acknowledging the last
-  byte. Each transport is its own link class.
+  byte. `runtime`: one process per rank joined by the runtime's multi-process communicator (its shared-memory
+  transport, what the `mlopt` torch.distributed backend runs on), the same programs as `threads`, timed by
+  the receiver's `wall_us` right after a synchronising run. Each transport is its own link class.
 * GPU (torch sees 2 or more CUDA GPUs): peer copies (`Tensor.copy_` between devices, timed by CUDA events)
   for every ordered GPU pair with the same (n, s) experiments; `nvidia-smi topo -m` names the classes
   (nvlink, nvswitch, pcie) and places the NICs; PCIe-switch sharing comes from contention (TACCL 5.3):
@@ -40,7 +42,7 @@ from mlopt.profilers import linkfit
 from mlopt.profilers.linkfit import LinkClass, Measurements, Sample
 
 KiB, MiB = 1 << 10, 1 << 20
-CPU_TRANSPORTS = ("threads", "processes", "tcp")
+CPU_TRANSPORTS = ("threads", "processes", "tcp", "runtime")
 TRANSPORTS = ("auto", *CPU_TRANSPORTS, "cuda")
 HOST = -1  # the host-memory end of a copy in CopyTimer
 SHARING_THRESHOLD = 1.5  # concurrent/alone time above which two GPUs share a PCIe switch
@@ -435,16 +437,7 @@ class _ProcessRunner(_Runner):
         return elapsed
 
     def close(self):
-        for c in self.conns:
-            try:
-                c.send(("stop",))
-            except (OSError, ValueError):
-                pass
-        for p in self.procs:
-            p.join(5)
-            if p.is_alive():
-                p.terminate()
-                p.join(5)
+        _stop_workers(self.conns, self.procs, join_s=5)
         for shm in self.segments.values():
             shm.close()
             try:
@@ -454,9 +447,112 @@ class _ProcessRunner(_Runner):
         self.segments = {}
 
 
+# ---- processes joined by the runtime's multi-process communicator
+
+
+def _runtime_worker_main(rank: int, nranks: int, address: str, conn,
+                         max_bytes: int) -> None:  # pragma: no cover - runs in the child processes
+    import numpy as np
+
+    from mlopt.runtime import native
+    from mlopt.runtime.enforcer import motif_program_xml
+
+    source = np.full(max_bytes // 4, float(rank + 1), dtype=np.float32)
+    sink = np.ones(max_bytes // 4, dtype=np.float32)
+    sync_in, sync_out = np.zeros(nranks, dtype=np.float32), np.zeros(nranks, dtype=np.float32)
+    plans: dict[tuple, Any] = {}
+    with native.ProcessComm(rank, nranks, address=address, transport="shm", init_timeout_ms=60000) as comm, \
+            native.Plan.from_bytes(motif_program_xml("allreduce", nranks), "profile-sync.xml") as sync:
+        conn.send("ready")
+        while True:
+            msg = conn.recv()
+            if msg[0] == "stop":
+                break
+            _, src, dst, seq, chunks, chunk_bytes, check = msg
+            key = (src, dst, chunks, seq)
+            if key not in plans:
+                plans[key] = native.Plan.from_bytes(transfer_program(nranks, src, dst, chunks, seq),
+                                                    f"profile-{src}-{dst}-{chunks}-{int(seq)}.xml")
+            count = chunks * chunk_bytes // 4
+            if check:
+                sink[:count] = 0
+            comm.run(sync, sync_in, sync_out)  # every rank leaves it within microseconds of the others
+            comm.run(plans[key], source[:count], sink[:count])
+            wall_us = comm.last_stats().wall_us
+            ok = not check or rank != dst or bool((sink[:count] == src + 1).all())
+            conn.send((wall_us, ok))
+        for plan in plans.values():
+            plan.close()
+
+
+class _RuntimeRunner(_Runner):
+    """`runtime`: one process per rank over the runtime's multi-process communicator; the time of one
+    experiment is the receiver's wall_us of the transfer program, run right after a synchronising allreduce."""
+
+    def __init__(self, nranks: int, max_bytes: int):
+        super().__init__(nranks, max_bytes)
+        import multiprocessing as mp
+
+        ctx = mp.get_context("spawn")  # a fresh interpreter: no inherited threads or library state
+        with socket.socket() as probe:  # a free port for the runtime's own rendezvous
+            probe.bind(("127.0.0.1", 0))
+            address = f"127.0.0.1:{probe.getsockname()[1]}"
+        self.conns, self.procs = [], []
+        self._checked: set[tuple] = set()
+        try:
+            for r in range(nranks):
+                parent, child = ctx.Pipe()
+                p = ctx.Process(target=_runtime_worker_main, args=(r, nranks, address, child, max_bytes),
+                                daemon=True)
+                p.start()
+                self.conns.append(parent)
+                self.procs.append(p)
+            for c in self.conns:
+                if not c.poll(90) or c.recv() != "ready":
+                    raise ProfileError("a runtime worker process did not start")
+        except BaseException:
+            self.close()
+            raise
+
+    def time_us(self, src, dst, kind, chunks, chunk_bytes):
+        key = (src, dst, kind, chunks, chunk_bytes)
+        check = key not in self._checked
+        for c in self.conns:
+            c.send(("run", src, dst, kind == "seq", chunks, chunk_bytes, check))
+        results = []
+        for c in self.conns:
+            if not c.poll(60):
+                raise ProfileError(f"runtime worker timed out (transfer {src}->{dst})")
+            results.append(c.recv())
+        if not all(ok for _, ok in results):
+            raise ProfileError(f"runtime transfer {src}->{dst} ({kind}, {chunks} x {chunk_bytes} B) delivered "
+                               f"wrong data")
+        self._checked.add(key)
+        return float(results[dst][0])
+
+    def close(self):
+        _stop_workers(self.conns, self.procs, join_s=10)
+
+
+def _stop_workers(conns, procs, join_s: float) -> None:
+    """Asks every worker to stop, waits join_s for each, and terminates those still running."""
+    for c in conns:
+        try:
+            c.send(("stop",))
+        except (OSError, ValueError):
+            pass
+    for p in procs:
+        p.join(join_s)
+        if p.is_alive():
+            p.terminate()
+            p.join(5)
+
+
 def _runner(transport: str, nranks: int, max_bytes: int) -> _Runner:
     if transport == "threads":
         return _ThreadsRunner(nranks, max_bytes)
+    if transport == "runtime":
+        return _RuntimeRunner(nranks, max_bytes)
     return _ProcessRunner(nranks, max_bytes, transport)
 
 
@@ -502,8 +598,12 @@ def profile_cpu(options: ProfileOptions, progress: Progress | None = None) -> Pr
     name = f"{platform.node() or 'localhost'}-{transport}-{options.ranks}"
     extra = {"ranks_are": {"threads": "threads of one process (the runtime's CPU backend, LocalComm)",
                            "processes": "processes exchanging chunks through shared memory",
-                           "tcp": "processes exchanging chunks over loopback TCP"}[transport],
-             "timer": "mlopt_run_stats.wall_us" if transport == "threads" else "time.perf_counter in the sender"}
+                           "tcp": "processes exchanging chunks over loopback TCP",
+                           "runtime": "processes joined by the runtime's multi-process communicator "
+                                      "(shared memory)"}[transport],
+             "timer": {"threads": "mlopt_run_stats.wall_us",
+                       "runtime": "the receiver's mlopt_run_stats.wall_us after a synchronising run"}.get(
+                           transport, "time.perf_counter in the sender")}
     fits = m.fits(overhead=overhead)
     classes = linkfit.group_links(fits, hints, options.beta_tol, options.alpha_tol, options.alpha_abs_us,
                                   overhead=overhead)

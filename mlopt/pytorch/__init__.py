@@ -8,6 +8,10 @@ A training job (one process per rank, e.g. under torchrun) uses it like gloo:
     model = torch.nn.parallel.DistributedDataParallel(model)   # gradients all-reduced by the runtime
     print(mlopt.pytorch.backend_of().fallbacks)            # collectives no plan covered (mlopt's ring ran)
 
+or, to apply a whole plan index (thread plan -> DDP buckets, collective plans, schedule plan -> enforcer,
+memory plan -> executor) in one call: `applied = mlopt.pytorch.apply_plans(index, model, trace=...)`
+(docs/pytorch.md).
+
 Each collective runs the index's plan for its kind, group size and nearest size, else mlopt's ring program
 (`mlopt.pytorch.plans`); `mlopt.pytorch.backend` says which collectives, dtypes and options there are and how
 torch lets Python implement a backend. The runtime library must have its multi-process part (version 0.4).
@@ -24,10 +28,12 @@ from mlopt.pytorch.backend import (
     resolve_options,
 )
 from mlopt.pytorch.plans import Choice, PlanBook, PlanIndex, load_index
+from mlopt.pytorch.apply import AppliedPlans, PlanOutcome, apply_plans
 
 __all__ = [
-    "BACKEND_NAME", "INDEX_ENV", "BackendOptions", "Choice", "MloptProcessGroup", "PlanBook", "PlanIndex",
-    "backend_of", "configure", "load_index", "register", "resolve_options",
+    "BACKEND_NAME", "INDEX_ENV", "AppliedPlans", "BackendOptions", "Choice", "MloptProcessGroup", "PlanBook",
+    "PlanIndex", "PlanOutcome", "apply_plans", "backend_of", "configure", "load_index", "register",
+    "resolve_options",
 ]
 
 register()

@@ -27,9 +27,9 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Mapping
 
 from mlopt.errors import InputError
 from mlopt.formats.io import read_bytes, sha256_file
@@ -55,6 +55,11 @@ class PlanIndex:
     path: str  # the index.json
     collectives: tuple[str, ...]  # MSCCL-EF XML paths of its collective plans
     files: tuple[tuple[str, str], ...]  # (name relative to the index's folder, sha256): the index first
+    document: Mapping[str, Any] = field(default_factory=dict, compare=False)  # the index.json as read
+
+    @property
+    def folder(self) -> Path:
+        return Path(self.path).parent
 
     @property
     def digest(self) -> str:
@@ -80,7 +85,7 @@ def load_index(path: str | os.PathLike) -> PlanIndex:
     files = [(INDEX_FILE if path.name == INDEX_FILE else path.name, sha256_file(path))]
     for file in dict.fromkeys([*named, *map(Path, collectives)]):  # ordered, each file once
         files.append((_relative(file, folder), _sha256(file, path)))
-    return PlanIndex(str(path), tuple(collectives), tuple(files))
+    return PlanIndex(str(path), tuple(collectives), tuple(files), loaded.value)
 
 
 def _relative(file: Path, folder: Path) -> str:
