@@ -42,6 +42,7 @@ import math
 import os
 import queue
 import threading
+import time
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Sequence
@@ -51,7 +52,7 @@ import torch.distributed as dist
 from torch.distributed import ReduceOp
 
 from mlopt.errors import InputError
-from mlopt.pytorch.plans import Choice, PlanBook, load_index
+from mlopt.pytorch.plans import COLLECTIVES, Choice, PlanBook, load_index
 from mlopt.runtime import native
 from mlopt.runtime.enforcer import Enforcer, MotifTable, ProgramCache
 
@@ -248,6 +249,19 @@ class _Call:
     copy_out: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
     divide: list[torch.Tensor] = field(default_factory=list)  # AVG: divided by the group size afterwards
     value: Any = None  # the future's result
+    nbytes: int = 0  # the call's size as the plan choice saw it
+
+
+@dataclass(frozen=True)
+class CallTiming:
+    """One run of a collective on this rank: when it started (time.perf_counter seconds) and how long the
+    runtime took (the copies around it excluded)."""
+
+    collective: str
+    nbytes: int
+    source: str  # the plan file, or the fallback that ran it
+    started_s: float
+    wall_us: float
 
 
 @dataclass
@@ -335,6 +349,7 @@ class MloptProcessGroup(dist.ProcessGroup):
         self.index_path = self.plans.index.path if self.plans.index else None
         self.comm = self._make_comm(self._keys_at)
         self.sources: Counter[tuple[str, str]] = Counter()
+        self.timings: list[CallTiming] = []  # every run, in order: what the fidelity bench compares
         self._programs: dict[str, native.Plan] = {}
         self._fallbacks = ProgramCache()
         self._extra: dict[str, native.ProcessComm] = {}  # new_comm()'s, closed at shutdown
@@ -403,13 +418,30 @@ class MloptProcessGroup(dist.ProcessGroup):
     def create_enforcer(self, table: MotifTable | None = None, *, name: str = "enforcer", dtype: str = "float32",
                         redop: str = "sum", **options: Any) -> Enforcer:
         """This rank's enforcer (Enforcer.over_comm) over a new communicator `name`; with `table`, loaded and
-        started. options: the Enforcer's (watchdog_ms defaults to the group's)."""
+        started. options: the Enforcer's (watchdog_ms defaults to the group's).
+
+        A motif that is a whole collective over all ranks of this group, in rank order, runs the program the
+        group would run for that collective, size and root (`plans.choose`: an explicit or index plan) when it
+        is usable as a motif program, else mlopt's own; `enforcer.motif_programs` says which ran what."""
         options.setdefault("watchdog_ms", self.watchdog_ms)
         enforcer = Enforcer.over_comm(self.new_comm(name), **options)
         if table is not None:
-            enforcer.load(table, dtype, redop)
+            programs = ProgramCache(planned=self._motif_plan)
+            try:
+                enforcer.load(table, dtype, redop, programs)
+            finally:
+                programs.close()  # the library copied the programs
             enforcer.start()
         return enforcer
+
+    def _motif_plan(self, collective: str, ranks: tuple[int, ...], root: int, nbytes: int) -> str | None:
+        """The plan file of an enforcer motif (ProgramCache's chooser): this group's choice for the collective
+        when the motif spans all its ranks in order (positions are then ranks), else None."""
+        if tuple(ranks) != tuple(range(self.size())) or collective not in COLLECTIVES:
+            return None
+        with self._lock:
+            choice = self.plans.choose(collective, nbytes, root)
+        return choice.plan.path if choice.plan is not None else None
 
     # -- the worker
 
@@ -448,8 +480,12 @@ class MloptProcessGroup(dist.ProcessGroup):
         for destination, source in call.copy_in:
             destination.copy_(source)
         try:
+            started_s = time.perf_counter()
             self.comm.run(call.program, call.input, call.output, op=call.op, watchdog_ms=self.watchdog_ms,
                           chunk_bytes=self.options.chunk_bytes)
+            ended_s = time.perf_counter()
+            self.timings.append(CallTiming(call.choice.collective, call.nbytes, call.choice.source,
+                                           started_s, (ended_s - started_s) * 1e6))
         except native.RuntimeLibraryError as exc:
             raise RuntimeError(f"mlopt backend (group {self._name}, rank {self.rank()}): "
                                f"{call.choice.collective} with {call.choice.source}: {exc}") from exc
@@ -479,7 +515,7 @@ class MloptProcessGroup(dist.ProcessGroup):
                 return _Call(choice, None, None, None, op, value=value)
             program = self._program(choice)
         units = _padded(blocks.units, len(blocks.inputs), program.program_info["i_chunks"], blocks.moves_bytes)
-        call = _Call(choice, program, None, None, op, value=value)
+        call = _Call(choice, program, None, None, op, value=value, nbytes=nbytes)
         call.input = self._stage_input(call, blocks, units)
         call.output = self._stage_output(call, blocks, units, copy_back)
         expected = program.output_count(call.input.numel())

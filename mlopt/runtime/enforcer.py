@@ -11,8 +11,9 @@ docs/enforcer.md). This module
   prologue run once before it (`MotifTable.steady_state`);
 * makes an MSCCL-EF program per motif (`ProgramCache`: the ring baseline lowered for a fully connected
   topology of the motif's size, or a direct send/receive program for a splined all-to-all's pattern or a
-  permute's (source, destination) pairs) and the staging layout that maps the op's buffers onto the
-  program's buffers (`stage`);
+  permute's (source, destination) pairs; or, with a chooser, a planned XML such as a collective plan when it
+  is usable for the motif) and the staging layout that maps the op's buffers onto the program's buffers
+  (`stage`);
 * runs a "real iteration" with one Python thread per rank acting as the application (`run_iteration_harness`;
   a steady-state period after its prologue, items from `period_items`).
 
@@ -27,10 +28,12 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import os
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterable, Mapping, NamedTuple, Sequence
+from typing import Any, Callable, Iterable, Mapping, NamedTuple, Sequence
 
 from mlopt.planners.schedule.motifs import BLOCKED, ROOTED, CommOp, Motif, as_motif
 from mlopt.runtime import native
@@ -371,16 +374,62 @@ def motif_program_xml(collective: str, n: int, root: int = 0,
     return write_program(program)
 
 
+# (collective, ranks, root position, nbytes) -> the MSCCL-EF XML to run the motif with, or None
+PlannedChooser = Callable[[str, tuple[int, ...], int, int], str | os.PathLike | None]
+
+
+@dataclass(frozen=True)
+class ProgramUse:
+    """Which program a staged motif runs: a chooser's planned MSCCL-EF XML (`planned`, `source` its path) or
+    mlopt's own (`source` "mlopt ring allreduce", ...), and why not a planned one (`reason`; "" when planned
+    or when the cache has no chooser)."""
+
+    where: str  # the motif, as stage() names it ("op 1 (name) motif 0")
+    collective: str
+    ranks: tuple[int, ...]
+    nbytes: int  # the motif's size in the nccl-tests convention of its collective (Motif.nbytes)
+    source: str
+    planned: bool
+    reason: str = ""
+
+
+def _own_source(collective: str, n: int, pattern: frozenset[tuple[int, int]] | None) -> str:
+    """How `ProgramUse.source` names mlopt's own motif programs (`motif_program_xml`)."""
+    kind = "copy" if n == 1 else "pattern" if pattern is not None else "ring"
+    return f"mlopt {kind} {_program_collective(collective, pattern)}"
+
+
 class ProgramCache:
     """Loaded motif programs, memoised per (collective, ranks, root position, pattern); a permute shares the
-    pattern all-to-all program of its pairs (the same program: key ("alltoall", n, 0, pattern))."""
+    pattern all-to-all program of its pairs (the same program: key ("alltoall", n, 0, pattern)).
 
-    def __init__(self):
+    `planned(collective, ranks, root_position, nbytes)`, when given, may name an MSCCL-EF XML for a motif
+    without a pattern (None: no planned program); the cache loads each file once and runs it when it is usable
+    as the motif's program (that collective, ngpus = the motif's ranks, outofplace="1", a rooted program's
+    root = the motif's root position), else mlopt's own program. `uses` records every motif staged through
+    `for_motif`, `used` counts the motifs per planned file, `fallback_reasons` says why a motif the chooser
+    was asked about runs mlopt's own program.
+    """
+
+    def __init__(self, planned: PlannedChooser | None = None):
+        self.planned = planned
+        self.uses: list[ProgramUse] = []
         self._plans: dict[tuple, tuple[native.Plan, dict[str, Any]]] = {}
+        self._files: dict[str, tuple[native.Plan, dict[str, Any]] | str] = {}  # path -> loaded, or why not
+
+    @property
+    def used(self) -> dict[str, int]:
+        """Planned XML path -> motifs staged with it."""
+        return dict(Counter(u.source for u in self.uses if u.planned))
+
+    @property
+    def fallback_reasons(self) -> dict[str, str]:
+        """Motif (`ProgramUse.where`) -> why it runs mlopt's own program instead of a planned one."""
+        return {u.where: u.reason for u in self.uses if u.reason}
 
     def get(self, collective: str, n: int, root: int = 0,
             pattern: frozenset[tuple[int, int]] | None = None) -> tuple[native.Plan, dict[str, Any]]:
-        """(plan, its program_info)."""
+        """(plan, its program_info) of mlopt's own program."""
         collective = _program_collective(collective, pattern)
         key = (collective, n, root if collective in ROOTED else 0, pattern)
         if key not in self._plans:
@@ -392,10 +441,71 @@ class ProgramCache:
             self._plans[key] = plan, info
         return self._plans[key]
 
+    def for_motif(self, m: Motif, root: int, pattern: frozenset[tuple[int, int]] | None,
+                  where: str = "motif") -> tuple[native.Plan, dict[str, Any], ProgramUse]:
+        """(plan, program_info, what was chosen) of motif `m` (root: its root position; pattern: position
+        pairs): the chooser's program when usable, else mlopt's own (`get`); the choice is added to `uses`."""
+        n = len(m.ranks)
+        ask = self.planned is not None and pattern is None
+        path, loaded, reason = self._choose(m, root) if ask else (None, None, "")
+        planned = loaded is not None
+        if not planned:
+            loaded, path = self.get(m.collective, n, root, pattern), _own_source(m.collective, n, pattern)
+        use = ProgramUse(where, m.collective, tuple(m.ranks), m.nbytes, path, planned, reason)
+        self.uses.append(use)
+        return (*loaded, use)
+
+    def _choose(self, m: Motif, root: int) -> tuple[str | None, tuple[native.Plan, dict[str, Any]] | None, str]:
+        """(the chooser's file, its program when usable for `m`, else why not: "FILE: FIELD: ...")."""
+        named = self.planned(m.collective, tuple(m.ranks), root, m.nbytes)
+        if named is None:
+            return None, None, f"no planned {m.collective} program for ranks {list(m.ranks)} and {m.nbytes} bytes"
+        path = os.fspath(named)
+        if path not in self._files:
+            self._files[path] = _load_program(path)
+        loaded = self._files[path]
+        if isinstance(loaded, str):
+            return path, None, loaded
+        why = _unusable(loaded[1], m.collective, len(m.ranks), root)
+        return (path, None, f"{path}: {why}") if why else (path, loaded, "")
+
     def close(self) -> None:
         for plan, _ in self._plans.values():
             plan.close()
         self._plans.clear()
+        for loaded in self._files.values():
+            if not isinstance(loaded, str):
+                loaded[0].close()
+        self._files.clear()
+
+
+def _load_program(path: str) -> tuple[native.Plan, dict[str, Any]] | str:
+    """(the runnable program at `path`, its program_info), or why not ("FILE: ...")."""
+    def naming(exc: Exception) -> str:  # the library's messages mostly name the file already
+        return str(exc) if str(exc).startswith(path) else f"{path}: {exc}"
+
+    try:
+        plan = native.Plan.load(path)
+    except (native.RuntimeLibraryError, OSError) as exc:
+        return naming(exc)
+    try:
+        return plan, plan.program_info
+    except native.RuntimeLibraryError as exc:  # a JSON plan envelope, not an MSCCL-EF program
+        plan.close()
+        return naming(exc)
+
+
+def _unusable(info: Mapping[str, Any], collective: str, n: int, root: int) -> str:
+    """Why a program (its program_info) cannot run a motif ("FIELD: ..."; "" when it can)."""
+    if info["coll"] != collective:
+        return f"coll: the program is {info['coll']}, the motif {collective}"
+    if info["ngpus"] != n:
+        return f"ngpus: the program is for {info['ngpus']} ranks, the motif has {n}"
+    if not info["outofplace"]:
+        return "outofplace: the program does not declare outofplace=\"1\"; motifs run out of place"
+    if collective in ROOTED and info["root"] != root:
+        return f"root: the program's root is {info['root']}, the motif's root position {root}"
+    return ""
 
 
 # ------------------------------------------------------------------------------------------------ staging
@@ -412,6 +522,7 @@ class Staged:
     source: int  # SOURCE_INPUT (all-to-all, permute) or SOURCE_OUTPUT
     gather: tuple[tuple[tuple[int, int, int], ...], ...]
     scatter: tuple[tuple[tuple[int, int, int], ...], ...]
+    use: ProgramUse | None = None  # which program it is (None: a stand-in cache without `for_motif`)
 
 
 def _local(region, base: int) -> list[tuple[int, int, int]]:
@@ -438,7 +549,9 @@ def _check_aligned(m: Motif, elem: int, where: str) -> None:
 
 
 def stage(m: Motif, programs: ProgramCache, dtype: str = "float32", where: str = "motif") -> Staged:
-    """The program and staging layout of motif `m` for elements of `dtype` (see the module docstring)."""
+    """The program and staging layout of motif `m` for elements of `dtype` (see the module docstring): the
+    cache's planned program for it when its chooser names a usable one (`ProgramCache.for_motif`), else
+    mlopt's own."""
     elem = native.DTYPE_BYTES[dtype]
     _check_aligned(m, elem, where)
     n = len(m.ranks)
@@ -452,11 +565,15 @@ def stage(m: Motif, programs: ProgramCache, dtype: str = "float32", where: str =
         raise ValueError(f"{where}: the enforcer cannot stage a {m.collective!r} motif")
     if m.collective == "permute" and (pattern is None or len(m.regions) != 1):
         raise ValueError(f"{where}: a permute motif needs its pairs (pattern) and exactly one region")
-    plan, info = programs.get(m.collective, n, root, pattern)
+    pick = getattr(programs, "for_motif", None)  # a ProgramCache; stand-ins may have get() only
+    if pick is not None:
+        plan, info, use = pick(m, root, pattern, where)
+    else:
+        (plan, info), use = programs.get(m.collective, n, root, pattern), None
     length = sum(size for _, size in m.regions[0])
     count, gather, scatter = layout(m, n, -(-length // elem), info, elem, root, pattern)
     source = SOURCE_INPUT if m.collective in FROM_INPUT else SOURCE_OUTPUT
-    return Staged(plan, count, source, tuple(map(tuple, gather)), tuple(map(tuple, scatter)))
+    return Staged(plan, count, source, tuple(map(tuple, gather)), tuple(map(tuple, scatter)), use)
 
 
 def _shared(m, n, elems, info, elem, root, pattern):
@@ -584,6 +701,7 @@ class Enforcer(native._Owned):
         if _comm is not None:
             _comm.attach(self)
         self._op_bytes: dict[int, int] = {}
+        self.motif_programs: dict[tuple[int, int], ProgramUse] = {}  # (op, motif index) -> its program (load)
         self._kept: dict[tuple[int, int], list[Any]] = {}  # (rank, op) -> buffers of unfinished submissions
         self._kept_lock = threading.Lock()
 
@@ -638,7 +756,8 @@ class Enforcer(native._Owned):
 
     def load(self, table: MotifTable, dtype: str = "float32", redop: str = "sum",
              programs: ProgramCache | None = None) -> None:
-        """Adds every motif of `table` (programs from `programs`, or a cache of its own)."""
+        """Adds every motif of `table` (programs from `programs`, or a cache of its own without a chooser) and
+        records which program each runs (`motif_programs`)."""
         own = programs is None
         programs = programs or ProgramCache()
         try:
@@ -651,6 +770,8 @@ class Enforcer(native._Owned):
                                    gather=staged.gather, scatter=staged.scatter, deps=tm.motif.deps,
                                    channel_mask=tm.channel_mask, dtype=dtype, redop=redop, source=staged.source,
                                    name=tm.name)
+                    if staged.use is not None:
+                        self.motif_programs[(op.index, tm.index)] = staged.use
         finally:
             if own:
                 programs.close()  # the library holds copies

@@ -28,13 +28,8 @@ mlopt_status read_options(const mlopt_run_options* given, mlopt_run_options& out
     mlopt_run_options_init(&out);
     if (given == nullptr) return MLOPT_OK;
     const size_t known = offsetof(mlopt_run_options, backend) + sizeof(given->backend);
-    if (given->struct_size < known) {
-        return fail(err, MLOPT_ERR_INVALID_ARGUMENT,
-                    "options->struct_size=" + std::to_string(given->struct_size) +
-                        " is too small: initialise the options with mlopt_run_options_init");
-    }
-    std::memcpy(&out, given, std::min(given->struct_size, sizeof out));
-    out.struct_size = sizeof out;
+    const mlopt_status status = read_sized(*given, known, "mlopt_run_options_init", out, err);
+    if (status != MLOPT_OK) return status;
     if (out.backend != MLOPT_BACKEND_CPU && out.backend != MLOPT_BACKEND_CUDA) {
         return fail(err, MLOPT_ERR_INVALID_ARGUMENT,
                     "options->backend=" + std::to_string(static_cast<int>(out.backend)) + " is not a mlopt_backend");

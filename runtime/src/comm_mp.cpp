@@ -60,12 +60,8 @@ mlopt_status read_comm_options(const mlopt_comm_options* given, CommOptions& out
     mlopt_comm_options_init(&o);
     if (given != nullptr) {
         const size_t known = offsetof(mlopt_comm_options, transport) + sizeof(given->transport);
-        if (given->struct_size < known) {
-            return fail(err, MLOPT_ERR_INVALID_ARGUMENT,
-                        "options->struct_size=" + std::to_string(given->struct_size) +
-                            " is too small: initialise the options with mlopt_comm_options_init");
-        }
-        std::memcpy(&o, given, std::min(given->struct_size, sizeof o));
+        const mlopt_status status = read_sized(*given, known, "mlopt_comm_options_init", o, err);
+        if (status != MLOPT_OK) return status;
     }
     // The caller's value may be any integer: read it as one (loading a bad enum value is undefined).
     int transport = 0;

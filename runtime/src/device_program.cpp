@@ -5,6 +5,7 @@
 #include <map>
 #include <tuple>
 
+#include "step_ops.hpp"
 #include "validate.hpp"
 
 namespace mlopt {
@@ -12,7 +13,6 @@ namespace device {
 namespace {
 
 constexpr int64_t kSlotAlignment = 16;  // the kernel moves 16-byte vectors
-constexpr size_t kMaxListed = 8;        // threadblocks named in a report before "... and N more"
 
 int64_t round_up(int64_t value, int64_t multiple) { return (value + multiple - 1) / multiple * multiple; }
 
@@ -177,21 +177,15 @@ mlopt_run_stats completed_stats(const Program& program, const Layout& layout, si
 std::string describe_stop(const Program& program, const Layout& layout, int32_t reason,
                           const std::vector<ThreadblockExit>& exits, int32_t watchdog_ms) {
     if (reason == kStopBadMessage) return describe_bad_message(program, layout, exits);
-    std::string text = "deadlock: no step completed for " + std::to_string(watchdog_ms) + " ms: ";
-    size_t listed = 0;
-    size_t more = 0;
+    ThreadblockList list;
     for (size_t g = 0; g < exits.size() && g < layout.tbs.size(); ++g) {
         const ThreadblockExit& e = exits[g];
         if (e.state == kExitFinished) continue;
-        if (listed == kMaxListed) {
-            ++more;
-            continue;
-        }
-        if (listed++ > 0) text += "; ";
-        text += tb_label(program, layout.tbs[g], e, layout.iterations) + " " + wait_text(program, layout, g, e);
+        list.add([&] {
+            return tb_label(program, layout.tbs[g], e, layout.iterations) + " " + wait_text(program, layout, g, e);
+        });
     }
-    if (more > 0) text += "; ... and " + std::to_string(more) + " more threadblocks";
-    return text;
+    return "deadlock: no step completed for " + std::to_string(watchdog_ms) + " ms: " + list.text();
 }
 
 }  // namespace device

@@ -802,12 +802,8 @@ mlopt_status read_options(const mlopt_enforcer_options* given, mlopt_enforcer_op
     mlopt_enforcer_options_init(&out);
     if (given == nullptr) return MLOPT_OK;
     const size_t known = offsetof(mlopt_enforcer_options, watchdog_ms) + sizeof(given->watchdog_ms);
-    if (given->struct_size < known)
-        return fail(err, MLOPT_ERR_INVALID_ARGUMENT,
-                    "options->struct_size=" + std::to_string(given->struct_size) +
-                        " is too small: initialise the options with mlopt_enforcer_options_init");
-    std::memcpy(&out, given, std::min(given->struct_size, sizeof out));
-    out.struct_size = sizeof out;
+    const mlopt_status status = read_sized(*given, known, "mlopt_enforcer_options_init", out, err);
+    if (status != MLOPT_OK) return status;
     if (out.watchdog_ms <= 0) out.watchdog_ms = 10000;
     if (out.threads <= 0) out.threads = 1;
     if (!(out.replan_threshold >= 0))  // also NaN

@@ -1,6 +1,7 @@
 // The structs behind the C ABI's opaque handles, and the error helper every entry point uses.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -51,6 +52,22 @@ bool copy_sized(const T& value, T* out) {
     std::memcpy(out, &value, given < sizeof(T) ? given : sizeof(T));
     out->struct_size = given;
     return true;
+}
+
+// The other direction, for the options structs callers pass in: copies `given` over `out` (already set to the
+// defaults) as far as the caller's struct goes (an older header's smaller struct), then sets out.struct_size
+// to sizeof(T). Fails (MLOPT_ERR_INVALID_ARGUMENT) when given.struct_size does not cover the first `known`
+// bytes: the caller did not initialise the options with `init`, which the message names.
+template <typename T>
+mlopt_status read_sized(const T& given, size_t known, const char* init, T& out, mlopt_error* err) {
+    if (given.struct_size < known) {
+        return fail(err, MLOPT_ERR_INVALID_ARGUMENT,
+                    "options->struct_size=" + std::to_string(given.struct_size) +
+                        " is too small: initialise the options with " + init);
+    }
+    std::memcpy(&out, &given, given.struct_size < sizeof(T) ? given.struct_size : sizeof(T));
+    out.struct_size = sizeof(T);
+    return MLOPT_OK;
 }
 
 }  // namespace mlopt

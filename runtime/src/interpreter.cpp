@@ -88,7 +88,6 @@ constexpr auto sends = step_sends;
 namespace {
 
 using Clock = std::chrono::steady_clock;
-constexpr size_t kMaxListed = 8;  // blocked threadblocks named in a deadlock message before "... and N more"
 
 enum class Wait : uint8_t { none, dependency, message, space };
 
@@ -550,20 +549,10 @@ bool Engine::senders_finished(int32_t conn) const {
 }
 
 std::string Engine::describe_unfinished() const {
-    std::string text;
-    size_t listed = 0;
-    size_t more = 0;
-    for (const TbState& t : tbs_) {
-        if (t.finished) continue;
-        if (listed == kMaxListed) {
-            ++more;
-            continue;
-        }
-        if (listed++ > 0) text += "; ";
-        text += where(t) + " " + waiting_for(t);
-    }
-    if (more > 0) text += "; ... and " + std::to_string(more) + " more threadblocks";
-    return text;
+    ThreadblockList list;
+    for (const TbState& t : tbs_)
+        if (!t.finished) list.add([&] { return where(t) + " " + waiting_for(t); });
+    return list.text();
 }
 
 }  // namespace

@@ -43,7 +43,6 @@ constexpr uint32_t kMagic = 0x484d4c4d;  // "MLMH" in memory order on little-end
 constexpr uint32_t kVersion = 1;
 constexpr size_t kNameBytes = 32;
 constexpr size_t kBounceBytes = 512;  // reduced through an aligned local buffer when spans are not aligned
-constexpr size_t kMaxListed = 8;      // threadblocks named in a deadlock message before "... and N more"
 
 // The header every message starts with. Fixed size and a multiple of 8 bytes, so that payloads keep the
 // alignment of the stream position. Native byte order (the magic tells a foreign one apart).
@@ -163,6 +162,9 @@ private:
     bool open_streams(TbRun& t, bool receiving, bool sending);
     bool read_exact(TbRun& t, void* data, size_t n);
     bool write_exact(TbRun& t, const void* data, size_t n);
+    template <typename Fill>
+    bool send_spans(TbRun& t, size_t bytes, Fill&& fill);
+    bool commit(TbRun& t, size_t n);
     bool send_header(TbRun& t, const Step& st, int64_t iteration, size_t bytes);
     bool receive_header(TbRun& t, const Step& st, int64_t iteration, size_t bytes);
     bool check_header(const TbRun& t, const MessageHeader& h, const Step& st, int64_t iteration, size_t bytes);
@@ -431,26 +433,39 @@ bool RankEngine::read_exact(TbRun& t, void* data, size_t n) {
     return true;
 }
 
-bool RankEngine::write_exact(TbRun& t, const void* data, size_t n) {
-    const auto* from = static_cast<const std::byte*>(data);
-    for (size_t done = 0; done < n;) {
+// Publishes the first n reserved bytes of t's outgoing message; false (the run stopped) when the peer failed.
+bool RankEngine::commit(TbRun& t, size_t n) {
+    std::string why;
+    if (t.send->commit(n, why) != TransportWait::failed) return true;
+    transport_failed(why, where(t) + " was sending to rank " + std::to_string(t.send_rank));
+    return false;
+}
+
+// Sends `bytes` bytes span by span: fill(span, offset, n) writes bytes [offset, offset + n) of them into a
+// reserved span, which is then committed.
+template <typename Fill>
+bool RankEngine::send_spans(TbRun& t, size_t bytes, Fill&& fill) {
+    for (size_t offset = 0; offset < bytes;) {
         std::byte* span = nullptr;
-        size_t size = 0;
+        size_t n = 0;
         if (!await(t, Wait::space, [&](Clock::time_point deadline, std::string& why) {
-                return t.send->reserve(n - done, &span, &size, deadline, why);
+                return t.send->reserve(bytes - offset, &span, &n, deadline, why);
             }))
             return false;
-        size = std::min(size, n - done);
-        std::memcpy(span, from + done, size);
-        std::string why;
-        if (t.send->commit(size, why) == TransportWait::failed) {
-            transport_failed(why, where(t) + " was sending to rank " + std::to_string(t.send_rank));
-            return false;
-        }
-        done += size;
-        moved(static_cast<int64_t>(size));
+        n = std::min(n, bytes - offset);
+        fill(span, offset, n);
+        if (!commit(t, n)) return false;
+        offset += n;
+        moved(static_cast<int64_t>(n));
     }
     return true;
+}
+
+bool RankEngine::write_exact(TbRun& t, const void* data, size_t n) {
+    const auto* from = static_cast<const std::byte*>(data);
+    return send_spans(t, n, [&](std::byte* span, size_t offset, size_t size) {
+        std::memcpy(span, from + offset, size);
+    });
 }
 
 bool RankEngine::send_header(TbRun& t, const Step& st, int64_t iteration, size_t bytes) {
@@ -528,24 +543,9 @@ bool RankEngine::check_header(const TbRun& t, const MessageHeader& h, const Step
 
 // A sending-only step (s): its pieces straight into the reserved spans.
 bool RankEngine::send_payload(TbRun& t, const StepData& d) {
-    for (size_t offset = 0; offset < d.bytes;) {
-        std::byte* out = nullptr;
-        size_t n = 0;
-        if (!await(t, Wait::space, [&](Clock::time_point deadline, std::string& why) {
-                return t.send->reserve(d.bytes - offset, &out, &n, deadline, why);
-            }))
-            return false;
-        n = std::min(n, d.bytes - offset);
+    return send_spans(t, d.bytes, [&](std::byte* out, size_t offset, size_t n) {
         apply_step(d, offset, n, nullptr, out);
-        std::string why;
-        if (t.send->commit(n, why) == TransportWait::failed) {
-            transport_failed(why, where(t) + " was sending to rank " + std::to_string(t.send_rank));
-            return false;
-        }
-        offset += n;
-        moved(static_cast<int64_t>(n));
-    }
-    return true;
+    });
 }
 
 // A receiving step: applied straight from the peeked spans; a forwarding step (rcs, rrs, rrcs) writes the same
@@ -575,13 +575,7 @@ bool RankEngine::receive_payload(TbRun& t, const StepData& d, bool forward) {
         if (direct) apply_step(d, offset, n, in, out);
         const size_t used = direct ? n : 0;  // otherwise both spans are handed back untouched
         t.recv->consume(used);
-        if (forward) {
-            std::string why;
-            if (t.send->commit(used, why) == TransportWait::failed) {
-                transport_failed(why, where(t) + " was sending to rank " + std::to_string(t.send_rank));
-                return false;
-            }
-        }
+        if (forward && !commit(t, used)) return false;
         if (!direct && !bounce(t, d, offset, forward)) return false;
         const size_t done = direct ? n : std::min(kBounceBytes, d.bytes - offset);
         offset += done;
@@ -720,9 +714,7 @@ std::string RankEngine::waiting_for(const TbRun& t) const {
 }
 
 std::string RankEngine::describe_unfinished() const {
-    std::string text;
-    size_t listed = 0;
-    size_t more = 0;
+    ThreadblockList list;
     bool full = false;
     int32_t most = 1;  // the largest cnt this rank sends
     for (const TbRun& t : tbs_) {
@@ -730,14 +722,9 @@ std::string RankEngine::describe_unfinished() const {
             if (step_sends(st.type)) most = std::max(most, st.cnt);
         if (t.finished.load()) continue;
         full |= t.wait.load(std::memory_order_relaxed) == Wait::space;
-        if (listed == kMaxListed) {
-            ++more;
-            continue;
-        }
-        if (listed++ > 0) text += "; ";
-        text += where(t) + " " + waiting_for(t);
+        list.add([&] { return where(t) + " " + waiting_for(t); });
     }
-    if (more > 0) text += "; ... and " + std::to_string(more) + " more threadblocks";
+    std::string text = list.text();
     if (full)  // the likely cause: a cycle of sends each waiting for the next rank to start reading
         text += " (a send blocks until its message has gone through the FIFO; messages here carry up to " +
                 std::to_string(static_cast<size_t>(most) * slicing_.slice_elems * es_ + sizeof(MessageHeader)) +

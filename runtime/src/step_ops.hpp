@@ -37,6 +37,31 @@ inline int64_t flag_value(int64_t iteration, int64_t step) { return (iteration <
 // "rank 1 tb 0 step 3 (r)"
 std::string step_label(int32_t rank, int32_t tb, size_t step, StepType type);
 
+// The threadblocks a deadlock report names (also the CUDA backend's, device_program.cpp): the first kMaxListed
+// described, "; "-separated, the rest counted ("; ... and N more threadblocks").
+class ThreadblockList {
+public:
+    // Describes one more threadblock with describe() while the list has room, else only counts it.
+    template <typename Describe>
+    void add(Describe&& describe) {
+        if (listed_ == kMaxListed) {
+            ++more_;
+            return;
+        }
+        if (listed_++ > 0) text_ += "; ";
+        text_ += describe();
+    }
+    std::string text() const {
+        return more_ > 0 ? text_ + "; ... and " + std::to_string(more_) + " more threadblocks" : text_;
+    }
+
+private:
+    static constexpr size_t kMaxListed = 8;
+    std::string text_;
+    size_t listed_ = 0;
+    size_t more_ = 0;
+};
+
 // Where one step's data lies in one loop iteration: cnt pieces (the slice of each of cnt consecutive chunks),
 // which make up the step's message in order. Whole-chunk slices are one contiguous piece.
 struct StepData {

@@ -27,6 +27,7 @@
 #endif
 
 #include "socket_util.hpp"  // net::errno_text
+#include "transport_common.hpp"
 
 namespace mlopt {
 namespace {
@@ -249,25 +250,14 @@ std::string stream_name(int32_t sender, int32_t receiver, int32_t tag) {
 class ShmSendStream;
 class ShmRecvStream;
 
-struct ShmTransport::Impl {
-    int32_t rank = 0;
-    int32_t nranks = 0;
+struct ShmTransport::Impl : TransportState {
     ShmConfig config;
     std::string name;                               // this rank's shm name while it is linked
     std::vector<std::unique_ptr<Segment>> segments;  // by rank; [rank] is this rank's own
-    mutable std::mutex mutex;
-    std::map<uint64_t, std::unique_ptr<ShmSendStream>> sends;  // by stream_key(peer, tag)
+    std::map<uint64_t, std::unique_ptr<ShmSendStream>> sends;  // by stream_key(peer, tag); guarded by mutex
     std::map<uint64_t, std::unique_ptr<ShmRecvStream>> recvs;
-    std::atomic<bool> is_aborted{false};
-    std::string abort_reason;  // guarded by mutex
 
     Segment& own() { return *segments[static_cast<size_t>(rank)]; }
-
-    TransportWait own_failure(std::string& why) const {
-        std::lock_guard<std::mutex> lock(mutex);
-        why = "rank " + std::to_string(rank) + " aborted: " + abort_reason;
-        return TransportWait::failed;
-    }
 
     // ok while `peer` is healthy; else failed with why = what happened to it. `probe_process`: also ask the
     // kernel whether its process lives (a /proc read: only once a sleep found no progress, not on every wait).
@@ -284,6 +274,13 @@ struct ShmTransport::Impl {
     TransportWait slot_of(Segment& segment, int32_t sender, int32_t tag, int32_t peer,
                           TransportClock::time_point deadline, uint32_t& slot, std::string& why);
     void prepare_slot(Segment& segment, uint32_t slot);
+
+    // send_stream and recv_stream, once (peer, tag) is checked: the stream of `streams` (this rank's ends to or
+    // from `peer`), made on first use over the slot of stream (sender, tag) in the receiver's segment.
+    template <typename Stream, typename End>
+    TransportWait open_stream(std::map<uint64_t, std::unique_ptr<Stream>>& streams, Segment& receiver,
+                              int32_t sender, int32_t peer, int32_t tag, End** out,
+                              TransportClock::time_point deadline, std::string& why);
 
     void wake_everything();
     bool create_segment(bool named, std::string& why);
@@ -683,72 +680,46 @@ const char* ShmTransport::peer_kind(int32_t peer) const {
     return reaches(peer) ? "shm" : nullptr;
 }
 
-namespace {
-
-// "" when (peer, tag) names a stream this transport carries.
-std::string check_stream(const ShmTransport& t, int32_t peer, int32_t tag) {
-    if (peer < 0 || peer >= t.nranks()) {
-        return "peer " + std::to_string(peer) + " is not a rank of the communicator (0.." +
-               std::to_string(t.nranks() - 1) + ")";
+template <typename Stream, typename End>
+TransportWait ShmTransport::Impl::open_stream(std::map<uint64_t, std::unique_ptr<Stream>>& streams,
+                                              Segment& receiver, int32_t sender, int32_t peer, int32_t tag,
+                                              End** out, TransportClock::time_point deadline, std::string& why) {
+    const uint64_t key = stream_key(peer, tag);
+    {
+        std::lock_guard<std::mutex> lock(mutex);
+        const auto it = streams.find(key);
+        if (it != streams.end()) {
+            *out = it->second.get();
+            return TransportWait::ok;
+        }
     }
-    if (tag < 0 || tag >= kMaxTags) {
-        return "tag " + std::to_string(tag) + " is not in 0.." + std::to_string(kMaxTags - 1);
-    }
-    if (!t.reaches(peer)) return "rank " + std::to_string(peer) + " is not reachable through shared memory";
-    return "";
+    uint32_t slot = 0;
+    const TransportWait w = slot_of(receiver, sender, tag, peer, deadline, slot, why);
+    if (w != TransportWait::ok) return w;
+    std::lock_guard<std::mutex> lock(mutex);
+    auto& stream = streams[key];
+    if (!stream) stream = std::make_unique<Stream>(*this, receiver, slot, peer);
+    *out = stream.get();
+    return TransportWait::ok;
 }
-
-}  // namespace
 
 TransportWait ShmTransport::send_stream(int32_t peer, int32_t tag, SendStream** out,
                                         TransportClock::time_point deadline, std::string& why) {
     Impl& t = *impl_;
     if (t.is_aborted.load(std::memory_order_relaxed)) return t.own_failure(why);
-    why = check_stream(*this, peer, tag);
+    why = t.check_stream(peer, tag, reaches(peer), "through shared memory");
     if (!why.empty()) return TransportWait::failed;
-    const uint64_t key = stream_key(peer, tag);
-    {
-        std::lock_guard<std::mutex> lock(t.mutex);
-        const auto it = t.sends.find(key);
-        if (it != t.sends.end()) {
-            *out = it->second.get();
-            return TransportWait::ok;
-        }
-    }
-    Segment& receiver = *t.segments[static_cast<size_t>(peer)];
-    uint32_t slot = 0;
-    const TransportWait w = t.slot_of(receiver, t.rank, tag, peer, deadline, slot, why);
-    if (w != TransportWait::ok) return w;
-    std::lock_guard<std::mutex> lock(t.mutex);
-    auto& stream = t.sends[key];
-    if (!stream) stream = std::make_unique<ShmSendStream>(t, receiver, slot, peer);
-    *out = stream.get();
-    return TransportWait::ok;
+    // This rank's stream to `peer` is in the peer's segment.
+    return t.open_stream(t.sends, *t.segments[static_cast<size_t>(peer)], t.rank, peer, tag, out, deadline, why);
 }
 
 TransportWait ShmTransport::recv_stream(int32_t peer, int32_t tag, RecvStream** out,
                                         TransportClock::time_point deadline, std::string& why) {
     Impl& t = *impl_;
     if (t.is_aborted.load(std::memory_order_relaxed)) return t.own_failure(why);
-    why = check_stream(*this, peer, tag);
+    why = t.check_stream(peer, tag, reaches(peer), "through shared memory");
     if (!why.empty()) return TransportWait::failed;
-    const uint64_t key = stream_key(peer, tag);
-    {
-        std::lock_guard<std::mutex> lock(t.mutex);
-        const auto it = t.recvs.find(key);
-        if (it != t.recvs.end()) {
-            *out = it->second.get();
-            return TransportWait::ok;
-        }
-    }
-    uint32_t slot = 0;
-    const TransportWait w = t.slot_of(t.own(), peer, tag, peer, deadline, slot, why);
-    if (w != TransportWait::ok) return w;
-    std::lock_guard<std::mutex> lock(t.mutex);
-    auto& stream = t.recvs[key];
-    if (!stream) stream = std::make_unique<ShmRecvStream>(t, t.own(), slot, peer);
-    *out = stream.get();
-    return TransportWait::ok;
+    return t.open_stream(t.recvs, t.own(), peer, peer, tag, out, deadline, why);
 }
 
 void ShmTransport::abort(const std::string& reason) {

@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "socket_util.hpp"
+#include "transport_common.hpp"
 
 namespace mlopt {
 namespace {
@@ -96,9 +97,7 @@ struct Pending {
 class TcpSendStream;
 class TcpRecvStream;
 
-struct TcpTransport::Impl {
-    int32_t rank = 0;
-    int32_t nranks = 0;
+struct TcpTransport::Impl : TransportState {
     uint64_t comm_id = 0;
     sockaddr_in listen_address{};
     std::vector<sockaddr_in> peer_addresses;
@@ -109,20 +108,16 @@ struct TcpTransport::Impl {
     std::atomic<bool> stopping{false};
     std::vector<Pending*> pending;  // owned; the I/O thread's alone
 
-    mutable std::mutex mutex;
     std::condition_variable changed;  // a stream registered, a note arrived, an abort
     std::map<uint64_t, std::unique_ptr<TcpRecvStream>> recvs;  // by stream_key(sender, tag)
     std::map<uint64_t, std::unique_ptr<TcpSendStream>> sends;  // by stream_key(receiver, tag)
     std::vector<std::string> notes;                            // by rank: the reason it aborted with
-    bool abort_started = false;         // guarded by mutex: the first abort() sends the notes
-    std::atomic<bool> is_aborted{false};  // set once the notes are out
-    std::string abort_reason;
+    bool abort_started = false;  // guarded by mutex: the first abort() sends the notes; is_aborted once they are out
 
-    bool aborted_now() const { return is_aborted.load(std::memory_order_relaxed); }
-    TransportWait own_failure(std::string& why) const {
-        std::lock_guard<std::mutex> lock(mutex);
-        why = "rank " + std::to_string(rank) + " aborted: " + abort_reason;
-        return TransportWait::failed;
+    // "rank P failed: <its note>", or "" while no note from `peer` arrived. The caller holds `mutex`.
+    std::string note_text(int32_t peer) const {
+        const std::string& note = notes[static_cast<size_t>(peer)];
+        return note.empty() ? std::string() : "rank " + std::to_string(peer) + " failed: " + note;
     }
     void wake_io() {
         const uint64_t one = 1;
@@ -288,11 +283,10 @@ TransportWait TcpTransport::Impl::peer_closed(int32_t peer, std::string& why) {
     // An aborting peer sends its note before it shuts its sockets, but on another connection: allow it to land.
     changed.wait_for(lock, kNoteGrace, [&] { return !notes[static_cast<size_t>(peer)].empty() || is_aborted; });
     if (is_aborted) {
-        why = "rank " + std::to_string(rank) + " aborted: " + abort_reason;
-    } else if (!notes[static_cast<size_t>(peer)].empty()) {
-        why = "rank " + std::to_string(peer) + " failed: " + notes[static_cast<size_t>(peer)];
+        why = aborted_text();
     } else {
-        why = closed_text(peer);
+        why = note_text(peer);
+        if (why.empty()) why = closed_text(peer);
     }
     return TransportWait::failed;
 }
@@ -555,25 +549,11 @@ int32_t TcpTransport::rank() const { return impl_->rank; }
 int32_t TcpTransport::nranks() const { return impl_->nranks; }
 const char* TcpTransport::peer_kind(int32_t peer) const { return reaches(peer) ? "tcp" : nullptr; }
 
-namespace {
-
-std::string check_stream(const TcpTransport& t, int32_t peer, int32_t tag) {
-    if (peer < 0 || peer >= t.nranks()) {
-        return "peer " + std::to_string(peer) + " is not a rank of the communicator (0.." +
-               std::to_string(t.nranks() - 1) + ")";
-    }
-    if (tag < 0 || tag >= kMaxTags) return "tag " + std::to_string(tag) + " is not in 0.." + std::to_string(kMaxTags - 1);
-    if (!t.reaches(peer)) return "rank " + std::to_string(peer) + " is not reachable over TCP";
-    return "";
-}
-
-}  // namespace
-
 TransportWait TcpTransport::send_stream(int32_t peer, int32_t tag, SendStream** out,
                                         TransportClock::time_point deadline, std::string& why) {
     Impl& t = *impl_;
     if (t.aborted_now()) return t.own_failure(why);
-    why = check_stream(*this, peer, tag);
+    why = t.check_stream(peer, tag, reaches(peer), "over TCP");
     if (!why.empty()) return TransportWait::failed;
     const uint64_t key = stream_key(peer, tag);
     {
@@ -583,10 +563,8 @@ TransportWait TcpTransport::send_stream(int32_t peer, int32_t tag, SendStream** 
             *out = it->second.get();
             return TransportWait::ok;
         }
-        if (!t.notes[static_cast<size_t>(peer)].empty()) {
-            why = "rank " + std::to_string(peer) + " failed: " + t.notes[static_cast<size_t>(peer)];
-            return TransportWait::failed;
-        }
+        why = t.note_text(peer);
+        if (!why.empty()) return TransportWait::failed;
     }
     const sockaddr_in& address = t.peer_addresses[static_cast<size_t>(peer)];
     const auto keep_going = [&t] { return !t.aborted_now(); };
@@ -606,8 +584,8 @@ TransportWait TcpTransport::send_stream(int32_t peer, int32_t tag, SendStream** 
     if (r == net::IoResult::stopped || t.aborted_now()) return t.own_failure(why);
     if (r != net::IoResult::ok) {
         std::lock_guard<std::mutex> lock(t.mutex);
-        const std::string& note = t.notes[static_cast<size_t>(peer)];
-        why = !note.empty() ? "rank " + std::to_string(peer) + " failed: " + note
+        const std::string note = t.note_text(peer);
+        why = !note.empty() ? note
                             : "rank " + std::to_string(t.rank) + " cannot open a stream to rank " +
                                   std::to_string(peer) + " at " + net::to_string(address) +
                                   " (it exited or failed?): " + (error != 0 ? net::errno_text(error) : why);
@@ -623,13 +601,13 @@ TransportWait TcpTransport::send_stream(int32_t peer, int32_t tag, SendStream** 
 TransportWait TcpTransport::recv_stream(int32_t peer, int32_t tag, RecvStream** out,
                                         TransportClock::time_point deadline, std::string& why) {
     Impl& t = *impl_;
-    why = check_stream(*this, peer, tag);
+    why = t.check_stream(peer, tag, reaches(peer), "over TCP");
     if (!why.empty()) return TransportWait::failed;
     const uint64_t key = stream_key(peer, tag);
     std::unique_lock<std::mutex> lock(t.mutex);
     for (;;) {
         if (t.is_aborted) {
-            why = "rank " + std::to_string(t.rank) + " aborted: " + t.abort_reason;
+            why = t.aborted_text();
             return TransportWait::failed;
         }
         const auto it = t.recvs.find(key);
@@ -637,10 +615,8 @@ TransportWait TcpTransport::recv_stream(int32_t peer, int32_t tag, RecvStream** 
             *out = it->second.get();
             return TransportWait::ok;
         }
-        if (!t.notes[static_cast<size_t>(peer)].empty()) {
-            why = "rank " + std::to_string(peer) + " failed: " + t.notes[static_cast<size_t>(peer)];
-            return TransportWait::failed;
-        }
+        why = t.note_text(peer);
+        if (!why.empty()) return TransportWait::failed;
         if (TransportClock::now() >= deadline) return TransportWait::timeout;
         t.changed.wait_until(lock, std::min(deadline, TransportClock::now() + std::chrono::milliseconds(kSliceMs)));
     }

@@ -13,144 +13,13 @@
 #include "check.hpp"
 #include "mlopt/mlopt.h"
 #include "mlopt/mlopt.hpp"
+#include "motifs.hpp"
+#include "plans.hpp"
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-// runtime/tests/data: found through MLOPT_REPO (ctest sets it) or else relative to the working directory.
-std::string data_path(const std::string& name) {
-    const char* repo = std::getenv("MLOPT_REPO");
-    return (repo && *repo ? std::string(repo) + "/runtime/tests/data" : std::string("data")) + "/" + name;
-}
-
-// A 2-rank allreduce of one chunk: each rank sends its input and reduces what it receives into its output.
-const char* const kAllreduce2 = R"(<algo name="ar2" proto="Simple" nchannels="1" nchunksperloop="1" ngpus="2"
-    coll="allreduce" inplace="0" outofplace="1" minBytes="0" maxBytes="1099511627776">
-  <gpu id="0" i_chunks="1" o_chunks="1" s_chunks="0">
-    <tb id="0" send="1" recv="1" chan="0">
-      <step s="0" type="s" srcbuf="i" srcoff="0" dstbuf="o" dstoff="0" cnt="1" depid="-1" deps="-1" hasdep="0"/>
-      <step s="1" type="rrc" srcbuf="i" srcoff="0" dstbuf="o" dstoff="0" cnt="1" depid="-1" deps="-1" hasdep="0"/>
-    </tb>
-  </gpu>
-  <gpu id="1" i_chunks="1" o_chunks="1" s_chunks="0">
-    <tb id="0" send="0" recv="0" chan="0">
-      <step s="0" type="s" srcbuf="i" srcoff="0" dstbuf="o" dstoff="0" cnt="1" depid="-1" deps="-1" hasdep="0"/>
-      <step s="1" type="rrc" srcbuf="i" srcoff="0" dstbuf="o" dstoff="0" cnt="1" depid="-1" deps="-1" hasdep="0"/>
-    </tb>
-  </gpu>
-</algo>)";
-
-constexpr int32_t kRanks = 4;
-constexpr size_t kElems = 64;               // float32 elements of every op buffer here
-constexpr uint64_t kOpBytes = kElems * 4;  // 256 bytes
-
-// A motif as the tests write it; `add` turns it into an mlopt_motif_desc.
-struct Spec {
-    int32_t op = 0;
-    int32_t index = 0;
-    int32_t seq = 0;
-    std::vector<int32_t> ranks{0, 1, 2, 3};
-    std::vector<int32_t> deps;
-    uint64_t mask = 1;
-    const mlopt::Plan* plan = nullptr;
-    size_t count = 0;
-    uint64_t op_bytes = kOpBytes;
-    mlopt_motif_source source = MLOPT_MOTIF_FROM_OUTPUT;
-    std::vector<std::vector<mlopt_byte_range>> gather, scatter;  // per position
-};
-
-struct Result {
-    mlopt_status status = MLOPT_OK;
-    std::string message;
-};
-
-Result add(mlopt_enforcer e, const Spec& s) {
-    std::vector<mlopt_motif_position> positions(s.ranks.size());
-    for (size_t p = 0; p < s.ranks.size(); ++p) {
-        if (p < s.gather.size()) {
-            positions[p].gather = s.gather[p].data();
-            positions[p].gather_count = s.gather[p].size();
-        }
-        if (p < s.scatter.size()) {
-            positions[p].scatter = s.scatter[p].data();
-            positions[p].scatter_count = s.scatter[p].size();
-        }
-    }
-    mlopt_motif_desc d{};
-    d.struct_size = sizeof d;
-    d.name = "m";
-    d.op = s.op;
-    d.index = s.index;
-    d.seq = s.seq;
-    d.program = s.plan ? s.plan->get() : nullptr;
-    d.nranks = static_cast<int32_t>(s.ranks.size());
-    d.ranks = s.ranks.data();
-    d.deps = s.deps.data();
-    d.deps_count = s.deps.size();
-    d.channel_mask = s.mask;
-    d.dtype = MLOPT_FLOAT32;
-    d.redop = MLOPT_SUM;
-    d.count = s.count;
-    d.op_bytes = s.op_bytes;
-    d.source = s.source;
-    d.positions = positions.data();
-    mlopt_error err = nullptr;
-    Result r{mlopt_enforcer_add_motif(e, &d, &err), ""};
-    if (err) r.message = mlopt_error_message(err);
-    mlopt_error_free(err);
-    return r;
-}
-
-// The same ranges on every position.
-std::vector<std::vector<mlopt_byte_range>> same(size_t positions, std::vector<mlopt_byte_range> ranges) {
-    return std::vector<std::vector<mlopt_byte_range>>(positions, ranges);
-}
-
-// Segment `seg` of `segs` of an allreduce op over 4 ranks, run by ring4_allreduce.xml (i_chunks 8).
-Spec segment(const mlopt::Plan& plan, int32_t op, int32_t seg, int32_t segs, int32_t seq, uint64_t mask) {
-    const uint64_t bytes = kOpBytes / segs;
-    Spec s;
-    s.op = op;
-    s.index = seg;
-    s.seq = seq;
-    s.mask = mask;
-    s.plan = &plan;
-    s.count = bytes / 4;
-    s.gather = same(kRanks, {{seg * bytes, 0, bytes}});
-    s.scatter = s.gather;
-    return s;
-}
-
-float value(int32_t rank, int32_t op, int64_t iteration, size_t i) {
-    return static_cast<float>((rank + 1) * (op + 2) + static_cast<int64_t>(i % 7) - iteration);
-}
-
-// Each rank's buffers of each op; out == in for in-place ops.
-struct Buffers {
-    std::vector<std::vector<float>> in, out;  // [rank * ops + op]
-    int32_t ops = 0;
-    Buffers(int32_t nops) : in(kRanks * nops, std::vector<float>(kElems)), out(in), ops(nops) {}
-    void fill(int64_t iteration) {
-        for (int32_t r = 0; r < kRanks; ++r)
-            for (int32_t o = 0; o < ops; ++o)
-                for (size_t i = 0; i < kElems; ++i) {
-                    in[r * ops + o][i] = value(r, o, iteration, i);
-                    out[r * ops + o][i] = -1000.0f;
-                }
-    }
-    // Bad elements of an allreduce of op `o` over all ranks.
-    int bad_sums(int32_t o, int64_t iteration) const {
-        int bad = 0;
-        for (int32_t r = 0; r < kRanks; ++r)
-            for (size_t i = 0; i < kElems; ++i) {
-                float want = 0;
-                for (int32_t q = 0; q < kRanks; ++q) want += value(q, o, iteration, i);
-                if (out[r * ops + o][i] != want) ++bad;
-            }
-        return bad;
-    }
-};
+using namespace mlopt_test;
 
 // One application thread per rank; an exception (a failed call through the C++ wrapper) is a failed check.
 void run_ranks(const std::function<void(int32_t)>& body) {
@@ -183,18 +52,6 @@ void add_two_segmented_ops(mlopt::Enforcer& e, const mlopt::Plan& plan, uint64_t
             const Result r = add(e.get(), segment(plan, op, seg, 2, op, seg == 0 ? mask0 : mask1));
             CHECK_EQ(r.message, "");
         }
-}
-
-struct Outcome {
-    mlopt_status status = MLOPT_OK;
-    std::string message;
-    double seconds = 0;
-};
-
-Outcome outcome(mlopt_status status, mlopt_error err, Clock::time_point since) {
-    Outcome o{status, err ? mlopt_error_message(err) : "", std::chrono::duration<double>(Clock::now() - since).count()};
-    mlopt_error_free(err);
-    return o;
 }
 
 // Ranks 0 and 2 submit A then B, ranks 1 and 3 B then A (op 1 in place); then each waits for everything.
@@ -316,31 +173,12 @@ void test_no_enforcement_with_one_order() {
 void test_ring_allreduce_with_deps() {
     const mlopt::Plan rs = mlopt::Plan::load(data_path("ring4_reducescatter_legacy.xml"));  // i_chunks 8, o 2
     const mlopt::Plan ag = mlopt::Plan::load(data_path("ring4_allgather.xml"));             // i_chunks 2, o 8
-    constexpr uint64_t kBlock = kOpBytes / kRanks;
     // (allgather seq, allgather mask): after, issued with it (tie broken by index), on another channel.
     for (const auto& [seq, mask] : {std::pair<int32_t, uint64_t>{1, 1}, {0, 1}, {1, 2}}) {
         mlopt::Enforcer e = make(1);
-        Spec s1;
-        s1.plan = &rs;
-        s1.count = kElems;  // the whole buffer in, the own block out
-        s1.gather = same(kRanks, {{0, 0, kOpBytes}});
-        Spec s2;
-        s2.index = 1;
-        s2.seq = seq;
-        s2.mask = mask;
-        s2.deps = {0};
-        s2.plan = &ag;
-        s2.count = kBlock / 4;  // the own block in, every block out
-        for (uint64_t p = 0; p < kRanks; ++p) {
-            s1.scatter.push_back({{p * kBlock, 0, kBlock}});
-            s2.gather.push_back({{p * kBlock, 0, kBlock}});
-            std::vector<mlopt_byte_range> all;
-            for (uint64_t j = 0; j < kRanks; ++j)
-                if (j != p) all.push_back({j * kBlock, j * kBlock, kBlock});
-            s2.scatter.push_back(all);
-        }
-        CHECK_EQ(add(e.get(), s1).message, "");
-        CHECK_EQ(add(e.get(), s2).message, "");
+        const ScatterGather m = scatter_gather(rs, ag, 0, 0, seq, mask);
+        CHECK_EQ(add(e.get(), m.rs).message, "");
+        CHECK_EQ(add(e.get(), m.ag).message, "");
         e.start();
         Buffers b(1);
         for (int64_t it = 0; it < 2; ++it) {

@@ -17,40 +17,17 @@
 #include "comm.hpp"
 #include "mlopt/mlopt.h"
 #include "mlopt/mlopt.hpp"
+#include "motifs.hpp"
+#include "plans.hpp"
 #include "run_rank.hpp"
 #include "transport.hpp"
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using namespace mlopt_test;
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
-
-std::string data_path(const std::string& name) {
-    const char* repo = std::getenv("MLOPT_REPO");
-    return (repo && *repo ? std::string(repo) + "/runtime/tests/data" : std::string("data")) + "/" + name;
-}
-
-// A 2-rank allreduce of one chunk (test_enforcer.cpp's).
-const char* const kAllreduce2 = R"(<algo name="ar2" proto="Simple" nchannels="1" nchunksperloop="1" ngpus="2"
-    coll="allreduce" inplace="0" outofplace="1" minBytes="0" maxBytes="1099511627776">
-  <gpu id="0" i_chunks="1" o_chunks="1" s_chunks="0">
-    <tb id="0" send="1" recv="1" chan="0">
-      <step s="0" type="s" srcbuf="i" srcoff="0" dstbuf="o" dstoff="0" cnt="1" depid="-1" deps="-1" hasdep="0"/>
-      <step s="1" type="rrc" srcbuf="i" srcoff="0" dstbuf="o" dstoff="0" cnt="1" depid="-1" deps="-1" hasdep="0"/>
-    </tb>
-  </gpu>
-  <gpu id="1" i_chunks="1" o_chunks="1" s_chunks="0">
-    <tb id="0" send="0" recv="0" chan="0">
-      <step s="0" type="s" srcbuf="i" srcoff="0" dstbuf="o" dstoff="0" cnt="1" depid="-1" deps="-1" hasdep="0"/>
-      <step s="1" type="rrc" srcbuf="i" srcoff="0" dstbuf="o" dstoff="0" cnt="1" depid="-1" deps="-1" hasdep="0"/>
-    </tb>
-  </gpu>
-</algo>)";
-
-constexpr int32_t kRanks = 4;
-constexpr size_t kElems = 64;
-constexpr uint64_t kOpBytes = kElems * 4;
 
 struct Plans {
     mlopt::Plan ar4 = mlopt::Plan::load(data_path("ring4_allreduce.xml"));
@@ -58,70 +35,6 @@ struct Plans {
     mlopt::Plan ag = mlopt::Plan::load(data_path("ring4_allgather.xml"));
     mlopt::Plan ar2 = mlopt::Plan::from_memory(kAllreduce2, "ar2.xml");
 };
-
-// A motif as the tests write it (test_enforcer.cpp's Spec).
-struct Spec {
-    int32_t op = 0;
-    int32_t index = 0;
-    int32_t seq = 0;
-    std::vector<int32_t> ranks{0, 1, 2, 3};
-    std::vector<int32_t> deps;
-    uint64_t mask = 1;
-    const mlopt::Plan* plan = nullptr;
-    size_t count = 0;
-    std::vector<std::vector<mlopt_byte_range>> gather, scatter;  // per position
-};
-
-std::vector<std::vector<mlopt_byte_range>> same(size_t positions, std::vector<mlopt_byte_range> ranges) {
-    return std::vector<std::vector<mlopt_byte_range>>(positions, ranges);
-}
-
-std::string add(mlopt_enforcer e, const Spec& s) {
-    std::vector<mlopt_motif_position> positions(s.ranks.size());
-    for (size_t p = 0; p < s.ranks.size(); ++p) {
-        if (p < s.gather.size()) positions[p].gather = s.gather[p].data(), positions[p].gather_count = s.gather[p].size();
-        if (p < s.scatter.size())
-            positions[p].scatter = s.scatter[p].data(), positions[p].scatter_count = s.scatter[p].size();
-    }
-    mlopt_motif_desc d{};
-    d.struct_size = sizeof d;
-    d.name = "m";
-    d.op = s.op;
-    d.index = s.index;
-    d.seq = s.seq;
-    d.program = s.plan->get();
-    d.nranks = static_cast<int32_t>(s.ranks.size());
-    d.ranks = s.ranks.data();
-    d.deps = s.deps.data();
-    d.deps_count = s.deps.size();
-    d.channel_mask = s.mask;
-    d.dtype = MLOPT_FLOAT32;
-    d.redop = MLOPT_SUM;
-    d.count = s.count;
-    d.op_bytes = kOpBytes;
-    d.source = MLOPT_MOTIF_FROM_OUTPUT;
-    d.positions = positions.data();
-    mlopt_error err = nullptr;
-    mlopt_enforcer_add_motif(e, &d, &err);
-    const std::string message = err ? mlopt_error_message(err) : "";
-    mlopt_error_free(err);
-    return message;
-}
-
-// Segment `seg` of `segs` of a 4-rank allreduce op.
-Spec segment(const Plans& plans, int32_t op, int32_t seg, int32_t segs, int32_t seq, uint64_t mask) {
-    const uint64_t bytes = kOpBytes / segs;
-    Spec s;
-    s.op = op;
-    s.index = seg;
-    s.seq = seq;
-    s.mask = mask;
-    s.plan = &plans.ar4;
-    s.count = bytes / 4;
-    s.gather = same(kRanks, {{seg * bytes, 0, bytes}});
-    s.scatter = s.gather;
-    return s;
-}
 
 Spec pair(const Plans& plans, int32_t op, int32_t index, std::vector<int32_t> ranks, int32_t seq, uint64_t mask) {
     Spec s;
@@ -145,39 +58,18 @@ Spec pair(const Plans& plans, int32_t op, int32_t index, std::vector<int32_t> ra
 //         second without seeing the first, which is another process's motif.
 void add_table(mlopt_enforcer e, const Plans& plans, uint64_t mask0, uint64_t mask1, bool full) {
     for (int32_t op = 0; op < 2; ++op)
-        for (int32_t seg = 0; seg < 2; ++seg) CHECK_EQ(add(e, segment(plans, op, seg, 2, op, seg ? mask1 : mask0)), "");
+        for (int32_t seg = 0; seg < 2; ++seg)
+            CHECK_EQ(add(e, segment(plans.ar4, op, seg, 2, op, seg ? mask1 : mask0)).message, "");
     if (!full) return;
-    CHECK_EQ(add(e, pair(plans, 2, 0, {0, 2}, 0, 4)), "");
-    CHECK_EQ(add(e, pair(plans, 2, 1, {3, 1}, 0, 4)), "");
-    constexpr uint64_t kBlock = kOpBytes / kRanks;
-    Spec rs;
-    rs.op = 3;
-    rs.seq = 2;
-    rs.plan = &plans.rs;
-    rs.count = kElems;
-    rs.gather = same(kRanks, {{0, 0, kOpBytes}});
-    Spec ag;
-    ag.op = 3;
-    ag.index = 1;
-    ag.seq = 3;
-    ag.mask = 2;
-    ag.deps = {0};
-    ag.plan = &plans.ag;
-    ag.count = kBlock / 4;
-    for (uint64_t p = 0; p < kRanks; ++p) {
-        rs.scatter.push_back({{p * kBlock, 0, kBlock}});
-        ag.gather.push_back({{p * kBlock, 0, kBlock}});
-        std::vector<mlopt_byte_range> others;
-        for (uint64_t j = 0; j < kRanks; ++j)
-            if (j != p) others.push_back({j * kBlock, j * kBlock, kBlock});
-        ag.scatter.push_back(others);
-    }
-    CHECK_EQ(add(e, rs), "");
-    CHECK_EQ(add(e, ag), "");
-    CHECK_EQ(add(e, pair(plans, 4, 0, {0, 1}, 4, 8)), "");
+    CHECK_EQ(add(e, pair(plans, 2, 0, {0, 2}, 0, 4)).message, "");
+    CHECK_EQ(add(e, pair(plans, 2, 1, {3, 1}, 0, 4)).message, "");
+    const ScatterGather rs_ag = scatter_gather(plans.rs, plans.ag, 3, 2, 3, 2);
+    CHECK_EQ(add(e, rs_ag.rs).message, "");
+    CHECK_EQ(add(e, rs_ag.ag).message, "");
+    CHECK_EQ(add(e, pair(plans, 4, 0, {0, 1}, 4, 8)).message, "");
     Spec second = pair(plans, 4, 1, {1, 2}, 4, 8);
     second.deps = {0};
-    CHECK_EQ(add(e, second), "");
+    CHECK_EQ(add(e, second).message, "");
 }
 
 // The ops each rank submits, in its own order (every rank a different one).
@@ -192,46 +84,23 @@ std::vector<int32_t> submission_order(int32_t rank, bool full) {
     return ops;
 }
 
-float value(int32_t rank, int32_t op, int64_t iteration, size_t i) {
-    return static_cast<float>((rank + 1) * (op + 2) + static_cast<int64_t>(i % 7) - iteration);
-}
-
-// Each rank's buffers of each op; op 1 runs in place (its results are in `in`).
-struct Buffers {
-    std::vector<std::vector<float>> in, out;  // [rank * kOps + op]
-    static constexpr int32_t kOps = 5;
-    Buffers() : in(kRanks * kOps, std::vector<float>(kElems)), out(in) {}
-    void fill(int64_t iteration) {
-        for (int32_t r = 0; r < kRanks; ++r)
-            for (int32_t o = 0; o < kOps; ++o)
-                for (size_t i = 0; i < kElems; ++i) {
-                    in[r * kOps + o][i] = value(r, o, iteration, i);
-                    out[r * kOps + o][i] = -1000.0f;
-                }
-    }
-    float* input(int32_t r, int32_t o) { return in[r * kOps + o].data(); }
-    float* output(int32_t r, int32_t o) { return o == 1 ? input(r, o) : out[r * kOps + o].data(); }
+// The table's buffers (ops 0..4); op 1 runs in place (its results are in `in`).
+struct TableBuffers : Buffers {
+    TableBuffers() : Buffers(5) {}
+    float* output(int32_t r, int32_t o) { return o == 1 ? input(r, o) : out[r * ops + o].data(); }
 };
 
-struct Outcome {
-    mlopt_status status = MLOPT_OK;
-    std::string message;
-    double seconds = 0;
-};
-
-// Rank r's application: submits its ops in its order, then waits for all of them.
-Outcome application(mlopt_enforcer e, int32_t r, Buffers& b, bool full) {
+// Rank r's application: submits `ops` in that order, then waits for all of them.
+Outcome application(mlopt_enforcer e, int32_t r, TableBuffers& b, const std::vector<int32_t>& ops) {
     mlopt_error err = nullptr;
     const auto since = Clock::now();
     mlopt_status s = MLOPT_OK;
-    for (const int32_t o : submission_order(r, full)) {
+    for (const int32_t o : ops) {
         s = mlopt_enforcer_submit(e, r, o, b.input(r, o), b.output(r, o), &err);
         if (s != MLOPT_OK) break;
     }
     if (s == MLOPT_OK) s = mlopt_enforcer_wait(e, r, -1, &err);
-    Outcome out{s, err ? mlopt_error_message(err) : "", seconds_since(since)};
-    mlopt_error_free(err);
-    return out;
+    return outcome(s, err, since);
 }
 
 // CHECK is not thread-safe: rank threads return Outcomes, the main thread checks them.
@@ -273,6 +142,12 @@ struct World {
     }
     World(const World&) = delete;
     World& operator=(const World&) = delete;
+
+    // The table (add_table) on every enforcer, then every enforcer started.
+    void start(const Plans& plans, uint64_t mask0, uint64_t mask1, bool full) {
+        for (mlopt::Enforcer& e : enforcers) add_table(e.get(), plans, mask0, mask1, full);
+        for (mlopt::Enforcer& e : enforcers) e.start();
+    }
 };
 
 bool same_issue_log(const std::vector<mlopt::IssuedMotif>& a, const std::vector<mlopt::IssuedMotif>& b) {
@@ -295,16 +170,18 @@ void test_same_as_in_process() {
         add_table(local.get(), plans, mask0, mask1, true);
         local.start();
         World world(o, 4096);
-        for (mlopt::Enforcer& e : world.enforcers) add_table(e.get(), plans, mask0, mask1, true);
-        for (mlopt::Enforcer& e : world.enforcers) e.start();
-        Buffers want, got;
+        world.start(plans, mask0, mask1, true);
+        TableBuffers want, got;
         for (int64_t it = 0; it < kIterations; ++it) {
             want.fill(it);
             got.fill(it);
-            for (const Outcome& out : on_every_rank([&](int32_t r) { return application(local.get(), r, want, true); }))
+            for (const Outcome& out : on_every_rank([&](int32_t r) {
+                     return application(local.get(), r, want, submission_order(r, true));
+                 }))
                 CHECK_EQ(out.message, "");
-            for (const Outcome& out :
-                 on_every_rank([&](int32_t r) { return application(world.enforcers[r].get(), r, got, true); }))
+            for (const Outcome& out : on_every_rank([&](int32_t r) {
+                     return application(world.enforcers[r].get(), r, got, submission_order(r, true));
+                 }))
                 CHECK_EQ(out.message, "");
             CHECK(want.in == got.in);
             CHECK(want.out == got.out);
@@ -330,40 +207,22 @@ void test_without_enforcement() {
     const Plans plans;
     {
         World world(enforcer_options(0, 5000), 4096);
-        for (mlopt::Enforcer& e : world.enforcers) add_table(e.get(), plans, 1, 1, false);
-        for (mlopt::Enforcer& e : world.enforcers) e.start();
-        Buffers b;
+        world.start(plans, 1, 1, false);
+        TableBuffers b;
         b.fill(0);
-        const auto outs = on_every_rank([&](int32_t r) {
-            mlopt_error err = nullptr;
-            mlopt_status s = MLOPT_OK;
-            for (int32_t o = 0; o < 2; ++o)
-                if (s == MLOPT_OK) s = mlopt_enforcer_submit(world.enforcers[r].get(), r, o, b.input(r, o), b.output(r, o), &err);
-            if (s == MLOPT_OK) s = mlopt_enforcer_wait(world.enforcers[r].get(), r, -1, &err);
-            Outcome out{s, err ? mlopt_error_message(err) : "", 0};
-            mlopt_error_free(err);
-            return out;
-        });
+        const auto outs =
+            on_every_rank([&](int32_t r) { return application(world.enforcers[r].get(), r, b, {0, 1}); });
         for (const Outcome& out : outs) CHECK_EQ(out.message, "");
         float sum = 0;
         for (int32_t r = 0; r < kRanks; ++r) sum += value(r, 0, 0, 5);
         for (int32_t r = 0; r < kRanks; ++r) CHECK_EQ(b.output(r, 0)[5], sum);
     }
     World world(enforcer_options(0, 300), 4096);
-    for (mlopt::Enforcer& e : world.enforcers) add_table(e.get(), plans, 1, 1, false);
-    for (mlopt::Enforcer& e : world.enforcers) e.start();
-    Buffers b;
+    world.start(plans, 1, 1, false);
+    TableBuffers b;
     b.fill(0);
     const auto outs = on_every_rank([&](int32_t r) {  // ranks 0 and 2: op 0 first; 1 and 3: op 1 first
-        mlopt_error err = nullptr;
-        const auto since = Clock::now();
-        mlopt_status s = MLOPT_OK;
-        for (const int32_t o : {r % 2, 1 - r % 2})
-            if (s == MLOPT_OK) s = mlopt_enforcer_submit(world.enforcers[r].get(), r, o, b.input(r, o), b.output(r, o), &err);
-        if (s == MLOPT_OK) s = mlopt_enforcer_wait(world.enforcers[r].get(), r, -1, &err);
-        Outcome out{s, err ? mlopt_error_message(err) : "", seconds_since(since)};
-        mlopt_error_free(err);
-        return out;
+        return application(world.enforcers[r].get(), r, b, {r % 2, 1 - r % 2});
     });
     int out_of_order = 0;
     for (const Outcome& out : outs) {
@@ -427,9 +286,8 @@ void test_call_validation() {
 void test_free_with_pending_work() {
     const Plans plans;
     World world(enforcer_options(1, 10000), 4096);
-    for (mlopt::Enforcer& e : world.enforcers) add_table(e.get(), plans, 1, 2, false);
-    for (mlopt::Enforcer& e : world.enforcers) e.start();
-    Buffers b;
+    world.start(plans, 1, 2, false);
+    TableBuffers b;
     b.fill(0);
     for (int32_t r = 0; r < 2; ++r)
         for (int32_t o = 0; o < 2; ++o) world.enforcers[r].submit(r, o, b.input(r, o), b.output(r, o));

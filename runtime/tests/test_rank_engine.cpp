@@ -20,6 +20,7 @@
 #include "handles.hpp"
 #include "mlopt/mlopt.h"
 #include "program.hpp"
+#include "programs.hpp"
 #include "rank_engine.hpp"
 #include "reduce.hpp"
 #include "run_rank.hpp"
@@ -28,135 +29,11 @@
 namespace {
 
 using Clock = std::chrono::steady_clock;
-using mlopt::Buffer;
-using mlopt::Program;
-using mlopt::StepType;
-using mlopt::Threadblock;
+using namespace mlopt_test;
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 // ------------------------------------------------------------------------------------------------ programs
-
-Program new_program(const std::string& coll, int32_t ngpus, int32_t i_chunks, int32_t o_chunks, int32_t s_chunks,
-                    bool inplace = true) {
-    Program p;
-    p.name = "test-" + coll;
-    p.proto = "Simple";
-    p.coll = coll;
-    p.ngpus = ngpus;
-    p.nchannels = 1;
-    p.nchunksperloop = std::max(i_chunks, o_chunks);
-    p.inplace = inplace;
-    p.outofplace = true;
-    for (int32_t r = 0; r < ngpus; ++r) {
-        mlopt::Gpu gpu;
-        gpu.id = r;
-        gpu.i_chunks = i_chunks;
-        gpu.o_chunks = o_chunks;
-        gpu.s_chunks = s_chunks;
-        p.gpus.push_back(gpu);
-    }
-    return p;
-}
-
-Threadblock& add_tb(Program& p, int32_t rank, int32_t send, int32_t recv, int32_t chan = 0) {
-    auto& tbs = p.gpus[rank].tbs;
-    Threadblock tb;
-    tb.id = static_cast<int32_t>(tbs.size());
-    tb.send = send;
-    tb.recv = recv;
-    tb.chan = chan;
-    tbs.push_back(tb);
-    p.nchannels = std::max(p.nchannels, chan + 1);
-    return tbs.back();
-}
-
-struct Dep {
-    int32_t depid = -1;
-    int32_t deps = -1;
-    bool hasdep = false;
-};
-
-void add_step(Threadblock& tb, StepType type, Buffer srcbuf, int32_t srcoff, Buffer dstbuf, int32_t dstoff,
-              int32_t cnt = 1, Dep dep = {}) {
-    mlopt::Step st;
-    st.s = static_cast<int32_t>(tb.steps.size());
-    st.type = type;
-    st.srcbuf = srcbuf;
-    st.srcoff = srcoff;
-    st.dstbuf = dstbuf;
-    st.dstoff = dstoff;
-    st.cnt = cnt;
-    st.depid = dep.depid;
-    st.deps = dep.deps;
-    st.hasdep = dep.hasdep;
-    tb.steps.push_back(st);
-}
-
-int32_t mod(int32_t a, int32_t n) { return ((a % n) + n) % n; }
-
-constexpr Buffer I = Buffer::input;
-constexpr Buffer O = Buffer::output;
-constexpr Buffer S = Buffer::scratch;
-
-// Ring allgather: cpy, s, rcs, r.
-Program ring_allgather(int32_t n) {
-    Program p = new_program("allgather", n, 1, n, 0);
-    for (int32_t r = 0; r < n; ++r) {
-        Threadblock& tb = add_tb(p, r, mod(r + 1, n), mod(r - 1, n));
-        add_step(tb, StepType::cpy, I, 0, O, r);
-        add_step(tb, StepType::s, I, 0, O, 0);
-        for (int32_t k = 1; k < n; ++k) add_step(tb, k < n - 1 ? StepType::rcs : StepType::r, I, 0, O, mod(r - k, n));
-    }
-    return p;
-}
-
-// Ring allreduce on `channels` rings: s, rrs, then rrcs (fused) or rrc + s, then rcs, r. With `pairs`, every
-// step moves two chunks (cnt=2: pieces of a sliced message are not contiguous).
-Program ring_allreduce(int32_t n, int32_t channels = 1, bool fused = true, int32_t cnt = 1) {
-    const int32_t chunks = n * channels * cnt;
-    Program p = new_program("allreduce", n, chunks, chunks, 0);
-    for (int32_t r = 0; r < n; ++r) {
-        for (int32_t c = 0; c < channels; ++c) {
-            Threadblock& tb = add_tb(p, r, mod(r + 1, n), mod(r - 1, n), c);
-            auto chunk = [&](int32_t j) { return (c * n + mod(j, n)) * cnt; };
-            add_step(tb, StepType::s, I, chunk(r - 1), O, 0, cnt);
-            for (int32_t k = 1; k < n - 1; ++k) add_step(tb, StepType::rrs, I, chunk(r - 1 - k), O, 0, cnt);
-            if (fused) {
-                add_step(tb, StepType::rrcs, I, chunk(r), O, chunk(r), cnt);
-            } else {
-                add_step(tb, StepType::rrc, I, chunk(r), O, chunk(r), cnt);
-                add_step(tb, StepType::s, O, chunk(r), O, 0, cnt);
-            }
-            for (int32_t k = 1; k < n; ++k)
-                add_step(tb, k < n - 1 ? StepType::rcs : StepType::r, I, 0, O, chunk(r - k), cnt);
-        }
-    }
-    return p;
-}
-
-// Two ranks, local steps ordered by dependencies only (test_interpreter's dependency program): cpy, nop, re,
-// a cnt=0 send, s, r; o0 = the sum of all four input chunks.
-Program dependency_program() {
-    Program p = new_program("allreduce", 2, 2, 1, 2, false);
-    for (int32_t r = 0; r < 2; ++r) {
-        const int32_t peer = 1 - r;
-        Threadblock& copier = add_tb(p, r, -1, -1);
-        add_step(copier, StepType::cpy, I, 0, S, 0, 1, {-1, -1, true});
-        add_step(copier, StepType::cpy, I, 1, S, 1, 1, {-1, -1, true});
-        Threadblock& reducer = add_tb(p, r, -1, -1);
-        add_step(reducer, StepType::nop, I, 0, O, 0, 0, {0, 1, false});
-        add_step(reducer, StepType::re, S, 1, S, 0, 1, {0, 1, true});
-        Threadblock& exchanger = add_tb(p, r, peer, peer);
-        add_step(exchanger, StepType::s, S, 0, O, 0, 1, {1, 1, false});
-        add_step(exchanger, StepType::s, S, 0, O, 0, 0);  // cnt=0: sends no message
-        add_step(exchanger, StepType::r, I, 0, S, 1, 1, {-1, -1, true});
-        Threadblock& finisher = add_tb(p, r, -1, -1);
-        add_step(finisher, StepType::cpy, S, 0, O, 0, 1, {2, 2, false});
-        add_step(finisher, StepType::re, S, 1, O, 0);
-    }
-    return p;
-}
 
 // Rank 0 receives one chunk from rank 1, whose part of the program never sends it.
 Program missing_send() {
@@ -166,16 +43,6 @@ Program missing_send() {
     Threadblock& copier = add_tb(p, 1, -1, -1);
     add_step(copier, StepType::cpy, I, 0, O, 1);
     return p;
-}
-
-mlopt_plan_s as_plan(const Program& program) {
-    mlopt_plan_s plan;
-    plan.kind = MLOPT_PLAN_MSCCL_XML;
-    plan.source = program.name + ".xml";
-    plan.format = "msccl-ef";
-    plan.planner = "collective";
-    plan.program = program;
-    return plan;
 }
 
 std::string data_path(const std::string& name) {
@@ -204,53 +71,6 @@ struct LoadedPlan {
 };
 
 // ------------------------------------------------------------------------------------------------ buffers
-
-// Every rank's input and output as mlopt_comm_run expects them (in place: one allocation per rank in the
-// executor's layout); outputs start as 0xA5 bytes so that chunks nobody writes compare too.
-struct Buffers {
-    size_t count = 0;
-    size_t elem = 0;
-    std::vector<std::vector<uint64_t>> storage;
-    std::vector<void*> inputs, outputs;
-    std::vector<size_t> out_bytes;
-    std::byte* in(size_t r) const { return static_cast<std::byte*>(inputs[r]); }
-    std::byte* out(size_t r) const { return static_cast<std::byte*>(outputs[r]); }
-};
-
-Buffers make_buffers(const Program& p, size_t count, mlopt_dtype dtype, bool inplace) {
-    Buffers b;
-    b.count = count;
-    b.elem = mlopt::dtype_size(dtype);
-    const size_t chunk = count / static_cast<size_t>(p.gpus[0].i_chunks);
-    const size_t n = p.gpus.size();
-    b.storage.resize(2 * n);
-    for (size_t r = 0; r < n; ++r) {
-        const size_t in_bytes = static_cast<size_t>(p.gpus[r].i_chunks) * chunk * b.elem;
-        const size_t out_bytes = static_cast<size_t>(p.gpus[r].o_chunks) * chunk * b.elem;
-        b.out_bytes.push_back(out_bytes);
-        auto alloc = [&](std::vector<uint64_t>& v, size_t bytes) {
-            v.assign(bytes / 8 + 1, 0xA5A5A5A5A5A5A5A5ull);
-            return reinterpret_cast<std::byte*>(v.data());
-        };
-        if (!inplace) {
-            b.inputs.push_back(alloc(b.storage[2 * r], in_bytes));
-            b.outputs.push_back(alloc(b.storage[2 * r + 1], out_bytes));
-        } else if (p.coll == "allgather") {
-            std::byte* base = alloc(b.storage[2 * r], out_bytes);
-            b.outputs.push_back(base);
-            b.inputs.push_back(base + r * in_bytes);
-        } else if (p.coll == "reducescatter") {
-            std::byte* base = alloc(b.storage[2 * r], in_bytes);
-            b.inputs.push_back(base);
-            b.outputs.push_back(base + r * out_bytes);
-        } else {
-            std::byte* base = alloc(b.storage[2 * r], std::max(in_bytes, out_bytes));
-            b.inputs.push_back(base);
-            b.outputs.push_back(base);
-        }
-    }
-    return b;
-}
 
 // Finite values with fractions (reductions in the same order give the same bits; no NaN payloads to argue about).
 void fill(Buffers& b, mlopt_dtype dtype, uint32_t seed) {

@@ -38,6 +38,7 @@
 #include "check.hpp"
 #include "comm.hpp"
 #include "mlopt/mlopt.h"
+#include "plans.hpp"
 #include "transport.hpp"
 #include "transport_shm.hpp"
 
@@ -48,6 +49,7 @@ using mlopt::RecvStream;
 using mlopt::SendStream;
 using mlopt::Transport;
 using mlopt::TransportWait;
+using mlopt_test::kAllreduce2;
 
 // ------------------------------------------------------------------------------------------ processes
 
@@ -577,23 +579,8 @@ void test_abort(mlopt_transport kind) {
     for (int s : st) CHECK(exited_ok(s));
 }
 
-// The rank engine over these transports: a 2-rank allreduce with mlopt_comm_run_rank, several runs in a row.
-const char* const kAllreduce2 = R"(<algo name="ar2" proto="Simple" nchannels="1" nchunksperloop="1" ngpus="2"
-    coll="allreduce" inplace="0" outofplace="1" minBytes="0" maxBytes="1099511627776">
-  <gpu id="0" i_chunks="1" o_chunks="1" s_chunks="0">
-    <tb id="0" send="1" recv="1" chan="0">
-      <step s="0" type="s" srcbuf="i" srcoff="0" dstbuf="o" dstoff="0" cnt="1" depid="-1" deps="-1" hasdep="0"/>
-      <step s="1" type="rrc" srcbuf="i" srcoff="0" dstbuf="o" dstoff="0" cnt="1" depid="-1" deps="-1" hasdep="0"/>
-    </tb>
-  </gpu>
-  <gpu id="1" i_chunks="1" o_chunks="1" s_chunks="0">
-    <tb id="0" send="0" recv="0" chan="0">
-      <step s="0" type="s" srcbuf="i" srcoff="0" dstbuf="o" dstoff="0" cnt="1" depid="-1" deps="-1" hasdep="0"/>
-      <step s="1" type="rrc" srcbuf="i" srcoff="0" dstbuf="o" dstoff="0" cnt="1" depid="-1" deps="-1" hasdep="0"/>
-    </tb>
-  </gpu>
-</algo>)";
-
+// The rank engine over these transports: a 2-rank allreduce (kAllreduce2) with mlopt_comm_run_rank, several runs
+// in a row.
 int run_rank_rank(int rank, const std::string& address, mlopt_transport kind) {
     mlopt_comm_options o = comm_options(kind);
     o.shm_fifo_bytes = 0;  // the default (4 MiB): each rank sends its whole slice before it reads
