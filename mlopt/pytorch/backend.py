@@ -36,6 +36,7 @@ scatter, send/recv and coalesced calls are not implemented (NotImplementedError 
 
 from __future__ import annotations
 
+import ctypes
 import datetime
 import json
 import math
@@ -43,7 +44,7 @@ import os
 import queue
 import threading
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Sequence
 
@@ -64,6 +65,7 @@ _REDUCE_OPS = ((ReduceOp.SUM, "sum"), (ReduceOp.PRODUCT, "prod"), (ReduceOp.MAX,
 _MAX_MS = 2**31 - 1  # the library's timeouts are int32 milliseconds
 _DEFAULT_INIT_TIMEOUT_MS = 30000  # mlopt_comm_options.init_timeout_ms <= 0
 _WORD = 4  # bytes of the int32 elements byte-moving collectives run as
+STAGING_KEPT = 16  # staging buffers kept for reuse per process group (by role, dtype and size)
 
 
 # ------------------------------------------------------------------------------------------------ options
@@ -247,6 +249,7 @@ class _Call:
     op: str
     copy_in: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
     copy_out: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    zero: list[torch.Tensor] = field(default_factory=list)  # staging padding cleared before the copies in
     divide: list[torch.Tensor] = field(default_factory=list)  # AVG: divided by the group size afterwards
     value: Any = None  # the future's result
     nbytes: int = 0  # the call's size as the plan choice saw it
@@ -286,6 +289,19 @@ def _padded(units: int, blocks: int, i_chunks: int, moves_bytes: bool) -> int:
     (int32 words when the units are bytes)."""
     quantum = i_chunks // math.gcd(blocks, i_chunks) * (_WORD if moves_bytes else 1)
     return -(-units // quantum) * quantum
+
+
+def _copy_bytes(destination: torch.Tensor, source: torch.Tensor) -> None:
+    """destination[:] = source for contiguous CPU tensors of one dtype and size, as one single-threaded
+    memmove with the GIL released: Tensor.copy_ would use torch's intra-op thread pool, whose spinning
+    threads stall for milliseconds when the job's ranks already fill the cores (seen: 1 MiB in 7 ms)."""
+    assert destination.dtype == source.dtype and destination.numel() == source.numel()
+    ctypes.memmove(destination.data_ptr(), source.data_ptr(), source.numel() * source.element_size())
+
+
+def _fill_zero(tensor: torch.Tensor) -> None:
+    """tensor[:] = 0 (contiguous CPU), single-threaded like _copy_bytes."""
+    ctypes.memset(tensor.data_ptr(), 0, tensor.numel() * tensor.element_size())
 
 
 def _run_view(buffer: torch.Tensor, moves_bytes: bool) -> torch.Tensor:
@@ -353,7 +369,8 @@ class MloptProcessGroup(dist.ProcessGroup):
         self._programs: dict[str, native.Plan] = {}
         self._fallbacks = ProgramCache()
         self._extra: dict[str, native.ProcessComm] = {}  # new_comm()'s, closed at shutdown
-        self._lock = threading.Lock()  # plan choice and program loading, should several threads submit
+        self._lock = threading.Lock()  # plan choice, program loading and staging, should several threads submit
+        self._staging_buffers: OrderedDict[tuple, torch.Tensor] = OrderedDict()
         self._failure: BaseException | None = None
         self._queue: queue.Queue = queue.Queue()
         self._worker = threading.Thread(target=self._serve, name=f"mlopt-pg-{group_name}", daemon=True)
@@ -477,8 +494,10 @@ class MloptProcessGroup(dist.ProcessGroup):
     def _execute(self, call: _Call) -> Any:
         if call.program is None:
             return call.value
+        for padding in call.zero:
+            _fill_zero(padding)
         for destination, source in call.copy_in:
-            destination.copy_(source)
+            _copy_bytes(destination, source)
         try:
             started_s = time.perf_counter()
             self.comm.run(call.program, call.input, call.output, op=call.op, watchdog_ms=self.watchdog_ms,
@@ -490,7 +509,7 @@ class MloptProcessGroup(dist.ProcessGroup):
             raise RuntimeError(f"mlopt backend (group {self._name}, rank {self.rank()}): "
                                f"{call.choice.collective} with {call.choice.source}: {exc}") from exc
         for destination, source in call.copy_out:
-            destination.copy_(source)
+            _copy_bytes(destination, source)
         for tensor in call.divide:
             tensor.div_(self.size())
         return call.value
@@ -516,29 +535,43 @@ class MloptProcessGroup(dist.ProcessGroup):
             program = self._program(choice)
         units = _padded(blocks.units, len(blocks.inputs), program.program_info["i_chunks"], blocks.moves_bytes)
         call = _Call(choice, program, None, None, op, value=value, nbytes=nbytes)
-        call.input = self._stage_input(call, blocks, units)
-        call.output = self._stage_output(call, blocks, units, copy_back)
+        with self._lock:
+            call.input = self._stage_input(call, blocks, units)
+            call.output = self._stage_output(call, blocks, units, copy_back)
         expected = program.output_count(call.input.numel())
         if expected != call.output.numel():
             raise ValueError(f"{choice.source}: the program's output is {expected} elements for an input of "
                              f"{call.input.numel()}; a {collective} over {self.size()} ranks has {call.output.numel()}")
         return call
 
-    @staticmethod
-    def _stage_input(call: _Call, blocks: _Blocks, units: int) -> torch.Tensor:
+    def _staging(self, role: str, dtype: torch.dtype, numel: int) -> torch.Tensor:
+        """A staging buffer reused by every call of this role, dtype and size (the last STAGING_KEPT kept), so
+        that repeated calls (DDP's buckets every step) do not fault fresh pages in. Reuse is safe: only the
+        worker thread touches staging memory (copies in, the run, copies out), one call at a time."""
+        key = (role, dtype, numel)
+        buffer = self._staging_buffers.pop(key, None)
+        if buffer is None:
+            buffer = torch.empty(numel, dtype=dtype)
+        self._staging_buffers[key] = buffer  # most recently used last
+        while len(self._staging_buffers) > STAGING_KEPT:
+            self._staging_buffers.pop(next(iter(self._staging_buffers)))
+        return buffer
+
+    def _stage_input(self, call: _Call, blocks: _Blocks, units: int) -> torch.Tensor:
         if units == blocks.units and _direct(blocks.input_base, blocks.moves_bytes):
             return _run_view(blocks.input_base, blocks.moves_bytes)
-        staging = torch.zeros(units * len(blocks.inputs), dtype=blocks.inputs[0].dtype)
+        staging = self._staging("input", blocks.inputs[0].dtype, units * len(blocks.inputs))
         for b, block in enumerate(blocks.inputs):
             call.copy_in.append((staging[b * units:b * units + blocks.units], block))
+            if units > blocks.units:  # padding: zero, as a fresh buffer would be (cleared by the worker)
+                call.zero.append(staging[b * units + blocks.units:(b + 1) * units])
         return _run_view(staging, blocks.moves_bytes)
 
-    @staticmethod
-    def _stage_output(call: _Call, blocks: _Blocks, units: int, copy_back: bool) -> torch.Tensor:
+    def _stage_output(self, call: _Call, blocks: _Blocks, units: int, copy_back: bool) -> torch.Tensor:
         if units == blocks.units and _direct(blocks.output_base, blocks.moves_bytes):
             return _run_view(blocks.output_base, blocks.moves_bytes)
         count = max(1, len(blocks.outputs))
-        staging = torch.empty(units * count, dtype=blocks.inputs[0].dtype)
+        staging = self._staging("output", blocks.inputs[0].dtype, units * count)
         if copy_back:
             for b, block in enumerate(blocks.outputs):
                 call.copy_out.append((block, staging[b * units:b * units + blocks.units]))
