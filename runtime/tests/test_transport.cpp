@@ -182,7 +182,8 @@ Resources resources() {
     r.threads = count_entries("/proc/self/task");
     if (FILE* maps = std::fopen("/proc/self/maps", "r")) {
         char line[4096];
-        while (std::fgets(line, sizeof line, maps) != nullptr) r.shm_mappings += std::strstr(line, "/mlopt-") != nullptr;
+        // The segments' path, not any "/mlopt-" (pytest builds this binary under .../mlopt-runtime/...).
+        while (std::fgets(line, sizeof line, maps) != nullptr) r.shm_mappings += std::strstr(line, "/dev/shm/mlopt-") != nullptr;
         std::fclose(maps);
     }
     return r;
