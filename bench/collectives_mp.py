@@ -39,6 +39,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from mlopt.formats.sizes import format_size, parse_size  # noqa: E402
+from mlopt.planners.umbrella import write_plan_index  # noqa: E402
 
 RESULTS = REPO / "bench" / "results" / "collectives_mp.json"
 DOC = REPO / "docs" / "collectives-mp-benchmark.md"
@@ -75,10 +76,8 @@ def _index(folder: Path, sidecars: list[Path]) -> Path:
         prov = json.loads(sidecar.read_text())["provenance"]
         plans.append({"kind": "collective", "file": sidecar.name, "status": prov["status"],
                       "objective": prov["objective"], "gap": prov["gap"]})
-    index = {"format": "mlopt.plan-index", "schema_version": "1.0", "inputs": {}, "plans": plans, "skipped": []}
-    path = folder / "index.json"
-    path.write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
-    return path
+    write_plan_index(folder, plans, [], {})
+    return folder / "index.json"
 
 
 def make_indexes(n: int, folder: Path) -> dict[str, Path]:

@@ -32,10 +32,17 @@ def plan_all(trace: ModelTrace, topology: Topology | None, options: PlannerOptio
         for written in entry.run(trace, topology, options, out_dir, inputs):
             plans.append({"kind": kind, "file": written.file, "status": written.plan.status.value,
                           "objective": written.plan.objective, "gap": written.plan.gap})
+    return write_plan_index(out_dir, plans, skipped, input_hashes(inputs))
+
+
+def write_plan_index(out_dir: Path, plans: list[dict[str, Any]], skipped: list[dict[str, Any]],
+                     input_digests: dict[str, str]) -> dict[str, Any]:
+    """out_dir/index.json listing `plans` ({kind, file, status, objective, gap}) and `skipped` ({kind, reason});
+    returns the index."""
     index = {
         **document.header(document.PLAN_INDEX),
         "mlopt_version": __version__,
-        "inputs": input_hashes(inputs),
+        "inputs": input_digests,
         "plans": plans,
         "skipped": skipped,
     }
