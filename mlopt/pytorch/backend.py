@@ -27,8 +27,9 @@ Configuration (`BackendOptions`), first match wins: `pg_options=BackendOptions(.
 index is then, when still unset, the environment variable MLOPT_PLAN_INDEX (index.json or its folder). At init
 every rank publishes the sha256 of its plan files through the store and checks the others': different plans
 fail the init on every rank, naming the files. Timeouts default to the process group's `timeout`:
-`watchdog_ms` bounds how long a run may see no progress (a dead peer is noticed at once on TCP, within ~100 ms
-on shared memory), `init_timeout_ms` how long ranks may take to join.
+`watchdog_ms` bounds how long a run may see no progress (a dead peer is noticed sooner: within one futex sleep,
+at most 25 ms, on shared memory; when its connection closes on TCP), `init_timeout_ms` how long ranks may take
+to join.
 
 Limits: one tensor per process and call (no multi-tensor lists); uneven `all_to_all_single` splits, gather,
 scatter, send/recv and coalesced calls are not implemented (NotImplementedError saying so).
