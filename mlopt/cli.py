@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import sys
 import warnings
 from pathlib import Path
@@ -19,6 +20,19 @@ from mlopt import __version__
 from mlopt.errors import InputError, MloptError
 
 EXIT_INTERNAL = 1
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, what shells report for a job stopped by Ctrl-C
+MAX_THREADS = 1 << 20  # communication threads per fusion group: far more than any GPU or CPU runs
+
+
+class FiniteFloatRange(click.FloatRange):
+    """click.FloatRange that also refuses nan and inf: FloatRange lets NaN through (every comparison with it is
+    false), and a NaN or infinite budget, limit or cost would reach the planners' arithmetic and the solver."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        converted = super().convert(value, param, ctx)
+        if converted is not None and not math.isfinite(converted):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return converted
 
 
 def _print_json(value: Any) -> None:
@@ -39,7 +53,7 @@ def topology_options(func: Callable) -> Callable:
                         help="Replicate a one-node profile (TACCL topology file) over this many nodes.")(func)
     func = click.option("--chunk-size", "chunk_size", default=None,
                         help="TACCL profile chunk size (e.g. 1MB) when the profile name lacks it.")(func)
-    func = click.option("--time-unit-us", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True,
+    func = click.option("--time-unit-us", type=FiniteFloatRange(min=0, min_open=True), default=1.0, show_default=True,
                         help="Microseconds per unit of a TACCL profile's scaled costs.")(func)
     return func
 
@@ -77,11 +91,11 @@ def planner_options(func: Callable, output_required: bool = True) -> Callable:
         *_check_and_output_options(output_required, "the plan(s)"),
         click.option("--solver", type=click.Choice(["auto", "highs", "cbc", "gurobi"]), default="auto",
                      show_default=True, help="MILP backend (auto: gurobi with a full licence, else highs)."),
-        click.option("--time-limit", "time_limit_s", type=click.FloatRange(min=0, min_open=True), default=None,
+        click.option("--time-limit", "time_limit_s", type=FiniteFloatRange(min=0, min_open=True), default=None,
                      help="Seconds per solve; the best plan found is returned with its gap."),
         click.option("--node-limit", type=click.IntRange(min=1), default=None,
                      help="Branch-and-bound nodes per solve: a limit that gives the same plan on every run."),
-        click.option("--mip-gap", type=click.FloatRange(min=0), default=1e-4, show_default=True,
+        click.option("--mip-gap", type=FiniteFloatRange(min=0), default=1e-4, show_default=True,
                      help="Relative gap at which a MILP counts as solved."),
         click.option("--threads", type=click.IntRange(min=1), default=1, show_default=True,
                      help="Solver threads (1 keeps runs reproducible)."),
@@ -112,6 +126,10 @@ def solverless_planner_options(func: Callable) -> Callable:
 def _planner_options_from(kwargs: dict[str, Any]):
     from mlopt.planners.options import PlannerOptions
 
+    if kwargs.get("dump_model"):  # written inside a solve: an unwritable path must fail before any work
+        from mlopt.formats.io import probe_output_path
+
+        probe_output_path(kwargs["dump_model"])
     defaults = PlannerOptions()
     return PlannerOptions(
         solver=kwargs.get("solver", defaults.solver), time_limit_s=kwargs.get("time_limit_s", defaults.time_limit_s),
@@ -171,6 +189,40 @@ def _one_line_warning(message, category, filename, lineno, file=None, line=None)
     click.echo(f"mlopt: warning: {message}", err=True)
 
 
+STRICT_OPTION = click.option(
+    "--strict", is_flag=True,
+    help="Refuse a plan (or plan index) whose recorded sha256 of --model or --topology differs from the file "
+         "given now (default: a warning naming the input).")
+
+
+def _check_recorded_inputs(paths, given: dict[str, str | None], strict: bool) -> None:
+    """Each plan or index among `paths` against the inputs given now: a warning per input whose bytes differ
+    from those it was made for; an InputError (exit 2) with --strict."""
+    from mlopt.formats.staleness import changed_inputs
+
+    for path in paths:
+        for field, line in changed_inputs(path, given):
+            if strict:
+                raise InputError(str(path), field, f"{line}; --strict refuses it")
+            click.echo(f"mlopt: warning: {path}: {field}: {line}", err=True)
+
+
+def _validate_plans(files, model_path: str | None, topology_spec: str | None) -> None:
+    """What `mlopt validate FILES --model --topology` checks, before anything is simulated: an MSCCL-EF
+    program must prove its collective (no deadlock, offsets in range), a plan must replay against its trace;
+    a plan index stands for the plans it lists."""
+    from mlopt.formats.loaders import load_any
+    from mlopt.validate import validate_file
+
+    for path in files:
+        if str(path).endswith((".json", ".json.gz")) and load_any(path).kind == "plan-index":
+            folder = Path(path).parent
+            listed = [str(folder / entry["file"]) for entry in load_any(path).value["plans"]]
+            _validate_plans(listed, model_path, topology_spec)
+            continue
+        validate_file(path, model_path, topology_spec)
+
+
 # ---------------------------------------------------------------------------------------------------------
 # show / validate
 
@@ -197,12 +249,17 @@ def show(spec: str, nodes, chunk_size, time_unit_us, as_json: bool, all_links: b
 @click.option("--model", "model_path", default=None, help="Trace the plans were made for (some kinds need it).")
 @click.option("--topology", "topology_spec", default=None, help="Topology the plans were made for.")
 @click.option("--json", "as_json", is_flag=True, help="Print one result per file as JSON.")
+@STRICT_OPTION
 @click.pass_context
-def validate(ctx: click.Context, files: tuple[str, ...], model_path, topology_spec, as_json: bool) -> None:
+def validate(ctx: click.Context, files: tuple[str, ...], model_path, topology_spec, as_json: bool,
+             strict: bool) -> None:
     """Check files without a solver: format, schema, references; plans by replaying them."""
     from mlopt.validate import validate_file
 
-    results = [validate_file(f, model_path, topology_spec) for f in files]
+    results = []
+    for f in files:
+        results.append(validate_file(f, model_path, topology_spec))
+        _check_recorded_inputs([f], {"model": model_path, "topology": topology_spec}, strict)
     if as_json:
         _print_json([r.to_dict() for r in results])
     else:
@@ -335,7 +392,10 @@ def plan(ctx: click.Context, model_path, topology_spec, nodes, chunk_size, time_
     inputs = {"model": model_path, "topology": topology_spec}
     if _check_or_write(ctx, "index", kwargs, inputs, _planner_options_from(kwargs)):
         return
-    index = plan_all(trace_obj, topology, _planner_options_from(kwargs), Path(kwargs["output"]), inputs=inputs)
+    from mlopt.formats.io import staged_folder
+
+    with staged_folder(kwargs["output"]) as scratch:  # every plan and the index, or nothing
+        index = plan_all(trace_obj, topology, _planner_options_from(kwargs), scratch, inputs=inputs)
     if kwargs["as_json"]:
         _print_json(index)
         return
@@ -414,7 +474,7 @@ def plan_collective_cmd(ctx: click.Context, topology_spec, nodes, chunk_size, ti
               default="libra", show_default=True,
               help="libra: fusion and threads co-optimised; libra-m: threads only on MG-WFBP's fusion; the rest "
                    "are fusion baselines at --default-threads.")
-@click.option("--alpha-us", type=click.FloatRange(min=0), default=5.0, show_default=True,
+@click.option("--alpha-us", type=FiniteFloatRange(min=0), default=5.0, show_default=True,
               help="Per-step latency of the all-reduce (ring: a = 2(N-1) alpha).")
 @click.option("--allreduce", type=click.Choice(["ring", "tree", "halving_doubling"]), default="ring",
               show_default=True, help="All-reduce cost model (eq. 3-4).")
@@ -436,6 +496,8 @@ def plan_threads_cmd(ctx: click.Context, model_path, nodes, contention_path, thr
                                  param_hint="--threads") from None
     if not thread_set:
         raise click.BadParameter("the thread set is empty", param_hint="--threads")
+    if not all(1 <= r <= MAX_THREADS for r in thread_set):
+        raise click.BadParameter(f"{threads_text!r}: thread counts run from 1 to {MAX_THREADS}", param_hint="--threads")
     options = ThreadsOptions(nodes, algorithm, thread_set, max_groups, chunks, alpha_us, allreduce, default_threads)
     planner_options = _planner_options_from(kwargs)
     inputs = {"model": model_path, "contention": contention_path}
@@ -464,7 +526,7 @@ def plan_threads_cmd(ctx: click.Context, model_path, nodes, contention_path, thr
               help="syndicate: MCMC over execution plans costed by optSched; fifo: PyTorch's default; lifo: LIFO "
                    "with the segment oracle (ByteScheduler+); hand: the comm-op needed soonest first; "
                    "exec-only, sched-only: one half of Syndicate.")
-@click.option("--budget-s", type=click.FloatRange(min=0, min_open=True), default=60.0, show_default=True,
+@click.option("--budget-s", type=FiniteFloatRange(min=0, min_open=True), default=60.0, show_default=True,
               help="Wall-clock cap of each search.")
 @click.option("--max-steps", type=click.IntRange(min=1), default=2000, show_default=True,
               help="Proposals per search (a deterministic stop; the plan says which stop ended it).")
@@ -508,7 +570,7 @@ def plan_schedule_cmd(ctx: click.Context, model_path, topology_spec, nodes, chun
 @plan.command("memory")
 @click.option("--model", "model_path", required=True, help="Trace to plan for (mlopt trace or PyTorch ET).")
 @click.option("--budget", "budget_text", default=None, help="Memory budget, e.g. 6GiB (tensors + workspace).")
-@click.option("--budget-ratio", type=click.FloatRange(min=0, min_open=True), default=None,
+@click.option("--budget-ratio", type=FiniteFloatRange(min=0, min_open=True), default=None,
               help="Budget as a fraction of the store-all (PyTorch default) peak, e.g. 0.4.")
 @click.option("--ops", "ops_path", default=None, help="Operator implementations profile (mlopt-op-profile JSON).")
 @click.option("--algorithm", type=click.Choice(["monet", "checkpoint-only", "sqrt", "store-all", "greedy"]),
@@ -517,7 +579,7 @@ def plan_schedule_cmd(ctx: click.Context, model_path, topology_spec, nodes, chun
                    "implementation choice (Checkmate-style); sqrt, store-all, greedy: baselines.")
 @click.option("--sweep", "sweep_text", default=None,
               help="Budget ratios, e.g. 0.3,0.4,...,1.0: one plan each, a table and a PNG in the -o folder.")
-@click.option("--search-share", type=click.FloatRange(min=0, max=1), default=0.5, show_default=True,
+@click.option("--search-share", type=FiniteFloatRange(min=0, max=1), default=0.5, show_default=True,
               help="Share of each ILP's --time-limit kept for large-neighbourhood search when branch and bound "
                    "has not proved its plan optimal by then (0: off).")
 @planner_options
@@ -546,7 +608,7 @@ def plan_memory_cmd(ctx: click.Context, model_path, budget_text, budget_ratio, o
         for warning in problem.warnings:
             warnings.warn(warning)
         memory_options = MemoryOptions(algorithm, budget, budget_ratio, profile, search_share)
-        if sweep_text:
+        if sweep_text is not None:
             _memory_sweep(ctx, problem, sweep_text, memory_options, options, Path(kwargs["output"]), inputs,
                           kwargs["as_json"], progress)
             return
@@ -571,7 +633,11 @@ def plan_memory_cmd(ctx: click.Context, model_path, budget_text, budget_ratio, o
 def _memory_sweep(ctx, problem, sweep_text, memory_options, options, out_dir, inputs, as_json, progress) -> None:
     from mlopt.planners.memory.sweep import parse_ratios, run_sweep
 
-    rows = run_sweep(problem, parse_ratios(sweep_text), memory_options, options, out_dir, inputs, progress)
+    from mlopt.formats.io import staged_folder
+
+    ratios = parse_ratios(sweep_text)
+    with staged_folder(out_dir) as scratch:  # the plans, sweep.json and sweep.png, or nothing
+        rows = run_sweep(problem, ratios, memory_options, options, scratch, inputs, progress)
     if as_json:
         _print_json(rows)
         return
@@ -626,9 +692,10 @@ def _memory_sweep(ctx, problem, sweep_text, memory_options, options, out_dir, in
 @click.option("--plot", "plot_path", type=click.Path(), default=None,
               help="Write a PNG: time vs size (collectives) or memory over the step (memory plans).")
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
+@STRICT_OPTION
 def simulate(files, topology_spec, nodes, chunk_size, time_unit_us, model_path, workload_spec, algorithm, mode, policy,
              channels, splits, iterations, dims_text, gantt_path, exposed_path, size_text, sizes_text, plot_path,
-             as_json, gantt_systems_path) -> None:
+             as_json, gantt_systems_path, strict) -> None:
     """Simulate a training iteration (--model or --workload, with --topology; plans optional), time MSCCL-EF
     algorithms under the alpha-beta model, or replay memory plans (memory over the step)."""
     from mlopt.formats.loaders import resolve_topology
@@ -638,6 +705,7 @@ def simulate(files, topology_spec, nodes, chunk_size, time_unit_us, model_path, 
     if gantt_systems_path and (model_path is None or topology_spec is None):
         raise click.UsageError("--gantt-systems draws a schedule plan's systems: give the plan with --model TRACE "
                                "and --topology")
+    _check_recorded_inputs(files or (), {"model": model_path, "topology": topology_spec}, strict)
     if workload_spec is not None or (model_path is not None and topology_spec is not None):
         from mlopt.sim.evaluate import EvaluateOptions
 
@@ -655,13 +723,15 @@ def simulate(files, topology_spec, nodes, chunk_size, time_unit_us, model_path, 
         raise click.UsageError("give --topology for collective algorithms")
     if (size_text is None) == (sizes_text is None):
         raise click.UsageError("give exactly one of --size and --sizes")
-    sizes = [parse_size(size_text)] if size_text else parse_size_range(sizes_text)
+    sizes = [parse_size(size_text)] if size_text is not None else parse_size_range(sizes_text)
     topology = resolve_topology(topology_spec, _topology_options(nodes, chunk_size, time_unit_us))
+    _validate_plans(files, None, topology_spec)
     rows = simulation_rows(list(files), topology, sizes)
     if plot_path:
         from mlopt.sim.plots import plot_size_sweep
 
-        plot_size_sweep(rows, plot_path, title=f"{rows[0]['collective']} on {topology.name}")
+        _write_plots({plot_path: lambda p: plot_size_sweep(rows, p, title=f"{rows[0]['collective']} on "
+                                                                           f"{topology.name}")})
     if as_json:
         _print_json(rows)
         return
@@ -722,6 +792,8 @@ def _simulate_iteration(files, topology_spec, topology_opts, model_path, workloa
     topology = resolve_topology(topology_spec, topology_opts)
     workload, trace, source = _iteration_workload(model_path, workload_spec, options.iterations)
     plans = ev.classify_plans(files or ())
+    if trace is not None or not (plans.memory or plans.threads or plans.schedules):  # else a usage error below
+        _validate_plans(files or (), model_path, topology_spec)
     for entry in plans.left_out:
         click.echo(f"mlopt: warning: {entry}: not applied (the iteration simulator does not model it yet)", err=True)
     if (plans.memory or plans.threads) and trace is None:
@@ -749,14 +821,8 @@ def _simulate_iteration(files, topology_spec, topology_opts, model_path, workloa
         workload, order = ev.with_schedule_plan(workload, load_plan(path).payload, path)
     report = ev.evaluate(workload, topology, options, ev.xml_plans(plans.xmls), source=source, order=order)
     title = f"{workload.name} on {topology.name}"
-    if gantt_path:
-        from mlopt.sim.training_plots import plot_gantt
-
-        plot_gantt(report, gantt_path, title=title)
-    if exposed_path:
-        from mlopt.sim.training_plots import plot_exposed
-
-        plot_exposed(report, exposed_path, title=title)
+    _write_plots({gantt_path: lambda p: _plot("plot_gantt", report, p, title),
+                  exposed_path: lambda p: _plot("plot_exposed", report, p, title)})
     if gantt_systems_path:
         from mlopt.formats.plan import load_plan
         from mlopt.planners.schedule.gantt import write_system_gantts
@@ -767,6 +833,32 @@ def _simulate_iteration(files, topology_spec, topology_opts, model_path, workloa
         _print_json(ev.summary(report, topology, options, workload))
         return
     _print_iteration(report, title)
+
+
+FIGURE_SUFFIXES = ("", ".png", ".svg", ".pdf")  # what mlopt.sim.plots._save makes reproducible
+
+
+def _plot(function: str, report, path: Path, title: str) -> None:
+    from mlopt.sim import training_plots
+
+    getattr(training_plots, function)(report, path, title=title)
+
+
+def _write_plots(plots: dict[str | None, Callable[[Path], Any]]) -> None:
+    """Draw each requested figure (path -> drawing function; None paths are not requested) into a temporary
+    file and install them together: a figure that fails leaves none of the others behind."""
+    from mlopt.formats.io import staged_files
+
+    wanted = {path: draw for path, draw in plots.items() if path}
+    if not wanted:
+        return
+    for path in wanted:
+        suffix = Path(path).suffix.lower()
+        if suffix not in FIGURE_SUFFIXES:
+            raise InputError(str(path), "$", f"cannot draw a {suffix} figure; name it .png, .svg or .pdf")
+    with staged_files(list(wanted)) as temps:
+        for temp, draw in zip(temps, wanted.values()):
+            draw(temp)
 
 
 def _print_iteration(report, title: str) -> None:
@@ -815,6 +907,7 @@ def _simulate_memory(files: tuple[str, ...], model_path: str | None, plot_path: 
 
     if model_path is None:
         raise click.UsageError("memory plans are replayed against their trace: give --model TRACE")
+    _validate_plans(files, model_path, None)
     rows, timelines, budgets = [], {}, []
     for f in files:
         plan_file = load_plan(f)
@@ -829,8 +922,9 @@ def _simulate_memory(files: tuple[str, ...], model_path: str | None, plot_path: 
     if plot_path:
         from mlopt.planners.memory.plots import plot_memory_timeline
 
-        plot_memory_timeline(timelines, plot_path, budgets[0] if len(set(budgets)) == 1 else None,
-                             title=f"{problem.name}: memory over one training step")
+        _write_plots({plot_path: lambda p: plot_memory_timeline(
+            timelines, p, budgets[0] if len(set(budgets)) == 1 else None,
+            title=f"{problem.name}: memory over one training step")})
     if as_json:
         _print_json(rows)
         return
@@ -1034,7 +1128,7 @@ def _print_operator_table(result, model_path: str) -> None:
 @click.option("--repeats", type=int, default=None, help="Rounds per (r, size); samples are medians (default 5, "
                                                          "--quick 3).")
 @click.option("--comm-runs", type=int, default=None, help="Timed all-reduces per phase and round (default 5).")
-@click.option("--compute-ms", type=float, default=None,
+@click.option("--compute-ms", type=FiniteFloatRange(), default=None,
               help="Length of the computation alone, ms (cpu default 100, --quick 30).")
 @click.option("--compute-workers", type=int, default=None,
               help="cpu: processes running the matmuls, one core each (default: every core of this process).")
@@ -1199,11 +1293,31 @@ def solvers(check: bool, as_json: bool) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the CLI; map errors to one line and an exit code instead of a traceback."""
+    """Run the CLI; map errors to one line and an exit code instead of a traceback.
+
+    As the program itself (argv None: the `mlopt` script, `python -m mlopt.cli`), a Ctrl-C after the command has
+    decided its exit code is ignored: the interpreter's teardown (joining a sweep's worker pool, for one) would
+    otherwise die of the signal after the outputs were complete, reporting a signal instead of that code."""
     try:
-        with warnings.catch_warnings():
+        return _main(argv)
+    finally:
+        if argv is None:
+            _ignore_late_interrupts()
+
+
+def _ignore_late_interrupts() -> None:
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _main(argv: list[str] | None) -> int:
+    try:
+        with warnings.catch_warnings(), _interrupt_handling():
             warnings.showwarning = _one_line_warning  # restored when the block exits
-            cli.main(args=argv, prog_name="mlopt", standalone_mode=False)
+            _invoke(argv)
         return 0
     except click.exceptions.Exit as exc:
         return exc.exit_code
@@ -1216,14 +1330,70 @@ def main(argv: list[str] | None = None) -> int:
     except MloptError as exc:
         click.echo(f"mlopt: error: {exc}", err=True)
         return exc.exit_code
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # outputs are staged or atomic: nothing partial is left behind
         click.echo("mlopt: interrupted", err=True)
-        return 130
+        return EXIT_INTERRUPTED
+    except RecursionError as exc:  # input nested too deeply for some reader that recursed on it
+        click.echo(f"mlopt: error: input nested too deeply to process ({exc})", err=True)
+        return InputError.exit_code
+    except OSError as exc:
+        if exc.filename is None or "-vv" in (argv if argv is not None else sys.argv):
+            return _internal_error(exc, argv)
+        # a file system refusal that no loader or writer turned into an InputError: still the user's path
+        click.echo(f"mlopt: error: {exc.filename}: $: {exc.strerror or exc}", err=True)
+        return InputError.exit_code
     except Exception as exc:  # a bug in mlopt, not bad input: one line, traceback with -vv
-        if "-vv" in (argv if argv is not None else sys.argv):
-            raise
-        click.echo(f"mlopt: internal error: {type(exc).__name__}: {exc} (rerun with -vv for the traceback)", err=True)
-        return EXIT_INTERNAL
+        return _internal_error(exc, argv)
+
+
+@contextlib.contextmanager
+def _interrupt_handling() -> Iterator[None]:
+    """Ctrl-C raises KeyboardInterrupt as usual and is also remembered (mlopt.formats.io.note_interrupt): one
+    that Python swallows (raised inside a weakref callback or __del__, reported as "Exception ignored in")
+    still stops the next output from being installed. That swallowed exception is not printed: the interrupt
+    is reported once, by `main`. SIGINT left ignored by the parent stays ignored."""
+    import signal
+    import threading
+
+    from mlopt.formats import io
+
+    io.clear_interrupt()
+    installed = (threading.current_thread() is threading.main_thread()  # signal.signal works there only
+                 and signal.getsignal(signal.SIGINT) is signal.default_int_handler)
+    previous_hook = sys.unraisablehook
+
+    def on_sigint(signum, frame) -> None:
+        io.note_interrupt()
+        raise KeyboardInterrupt
+
+    def quiet_interrupts(unraisable) -> None:
+        if not issubclass(unraisable.exc_type, KeyboardInterrupt):
+            previous_hook(unraisable)
+
+    if installed:
+        signal.signal(signal.SIGINT, on_sigint)
+    sys.unraisablehook = quiet_interrupts
+    try:
+        yield
+    finally:
+        sys.unraisablehook = previous_hook
+        if installed:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def _invoke(argv: list[str] | None) -> None:
+    """click's main without its KeyboardInterrupt handling (which prints a blank line and turns Ctrl-C into
+    Abort, exit 1): `main` reports an interrupt itself, as one line and exit 130."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    with cli.make_context("mlopt", args) as ctx:
+        cli.invoke(ctx)
+
+
+def _internal_error(exc: BaseException, argv: list[str] | None) -> int:
+    if "-vv" in (argv if argv is not None else sys.argv):
+        raise exc
+    click.echo(f"mlopt: internal error: {type(exc).__name__}: {exc} (rerun with -vv for the traceback)", err=True)
+    return EXIT_INTERNAL
 
 
 if __name__ == "__main__":

@@ -15,14 +15,20 @@ class MloptError(Exception):
 
 
 class InputError(MloptError):
-    """Bad input: malformed file, missing or mistyped field, unknown name. Exit code 2."""
+    """Bad input: malformed file, missing or mistyped field, unknown name. Exit code 2.
+
+    `status` sorts the refusal the way the C++ runtime's status codes do, where a loader sets it (the MSCCL-EF
+    loader: "parse", "schema", "semantic", or "unsupported" for input that is valid but that mlopt does not
+    model); "invalid" otherwise.
+    """
 
     exit_code = 2
 
-    def __init__(self, file: str, field: str, message: str):
+    def __init__(self, file: str, field: str, message: str, status: str = "invalid"):
         self.file = str(file)
         self.field = field
         self.message = message
+        self.status = status
         super().__init__(f"{self.file}: {field}: {message}")
 
 

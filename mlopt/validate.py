@@ -52,9 +52,25 @@ def _detail(loaded: Loaded) -> str:
 
 
 def _check_msccl(loaded: Loaded) -> str:
+    """The input contract first (the same rules and order as the C++ loader, docs/input-contract.md), then the
+    symbolic proof of the program as it runs (an in-place-only program with its left-out buffer sized)."""
+    from mlopt.formats.msccl_contract import check_contract, effective_program, in_place_only
     from mlopt.planners.collective.validate import proven_program
 
-    return proven_program(loaded.value, loaded.source)
+    program = loaded.value
+    check_contract(program, loaded.source)
+    ignored = ", ".join(program.origin.ignored) if program.origin else ""
+    try:
+        detail = proven_program(effective_program(program), loaded.source)
+    except InputError as exc:
+        if not ignored:
+            raise
+        # What was skipped may be what the program lacks (TE-CCL's <copy>): say so.
+        message = f"{exc.message}; ignored as the executor does: {ignored}"
+        raise InputError(exc.file, exc.field, message, exc.status) from None
+    if in_place_only(program):
+        detail += "; in place only"
+    return detail + (f"; ignored as the executor does: {ignored}" if ignored else "")
 
 
 def validate_file(path: str, model_path: str | None = None, topology_spec: str | None = None) -> ValidationResult:

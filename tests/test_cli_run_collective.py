@@ -176,16 +176,36 @@ def test_in_place_run_of_a_program_that_declares_it(run_cli, runtime_library, tm
     assert report["ok"] is True and report["in_place"] is True
 
 
-def test_a_deadlock_exits_1_with_the_librarys_message(run_cli, runtime_library, tmp_path):
-    """Both ranks receive before they send: every step valid, one message each way, no step can start."""
-    step = ('<step s="{s}" type="{type}" srcbuf="i" srcoff="0" dstbuf="o" dstoff="{off}" cnt="1" depid="-1" '
+def _stuck_allgather(tmp_path, steps):
+    """A 2-rank allgather of 2 chunks per rank; rank `me`'s one threadblock runs steps(me, peer): (type, srcoff,
+    dstoff) each with cnt 1."""
+    step = ('<step s="{s}" type="{type}" srcbuf="i" srcoff="{src}" dstbuf="o" dstoff="{dst}" cnt="1" depid="-1" '
             'deps="-1" hasdep="0"/>')
     gpus = "".join(
-        f'<gpu id="{me}" i_chunks="1" o_chunks="2" s_chunks="0"><tb id="0" send="{1 - me}" recv="{1 - me}" chan="0">'
-        + step.format(s=0, type="r", off=1 - me) + step.format(s=1, type="s", off=me)
-        + step.format(s=2, type="cpy", off=me) + "</tb></gpu>" for me in (0, 1))
+        f'<gpu id="{me}" i_chunks="2" o_chunks="4" s_chunks="0"><tb id="0" send="{1 - me}" recv="{1 - me}" chan="0">'
+        + "".join(step.format(s=s, type=t, src=src, dst=dst) for s, (t, src, dst) in enumerate(steps(me, 1 - me)))
+        + "</tb></gpu>" for me in (0, 1))
     path = tmp_path / "stuck.xml"
-    path.write_text('<algo name="stuck" proto="Simple" nchannels="1" nchunksperloop="2" ngpus="2" coll="allgather" '
+    path.write_text('<algo name="stuck" proto="Simple" nchannels="1" nchunksperloop="4" ngpus="2" coll="allgather" '
                     f'inplace="0" outofplace="1" minBytes="0" maxBytes="0">{gpus}</algo>\n')
+    return path
+
+
+def test_a_certain_deadlock_is_refused_as_bad_input(run_cli, runtime_library, tmp_path):
+    """Both ranks receive before they send: every step valid, one message each way, no step can start; the
+    loader finds it (docs/input-contract.md)."""
+    path = _stuck_allgather(tmp_path, lambda me, peer: [("r", 0, 2 * peer), ("r", 0, 2 * peer + 1), ("s", 0, 0),
+                                                         ("s", 1, 0), ("cpy", 0, 2 * me), ("cpy", 1, 2 * me + 1)])
     result = run_cli("run-collective", path, "--size", "1KiB", "--watchdog-ms", "300")
+    assert result.code == 2 and len(result.err.splitlines()) == 1, result.err
+    assert "stuck.xml: algo/gpu[@id=0]/tb[@id=0]/step[@s=0]@type (line 1): deadlock:" in result.err
+
+
+def test_a_deadlock_exits_1_with_the_librarys_message(run_cli, runtime_library, tmp_path):
+    """Both ranks send twice before they receive: fine with unbounded FIFOs (it loads), stuck when each
+    connection holds one message; the library's watchdog reports it."""
+    path = _stuck_allgather(tmp_path, lambda me, peer: [("cpy", 0, 2 * me), ("cpy", 1, 2 * me + 1), ("s", 0, 0),
+                                                         ("s", 1, 0), ("r", 0, 2 * peer), ("r", 0, 2 * peer + 1)])
+    assert run_cli("run-collective", path, "--size", "1KiB").code == 0
+    result = run_cli("run-collective", path, "--size", "1KiB", "--watchdog-ms", "300", "--fifo-slots", "1")
     assert result.code == 1 and "stuck.xml" in result.err and len(result.err.splitlines()) == 1, result.err

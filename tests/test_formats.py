@@ -182,7 +182,8 @@ def test_explicit_dependency_cycle_is_found():
 
 def sample_plan(wall_time_s: float = 1.25) -> Plan:
     prov = Provenance({"model": "ab" * 32}, "highs", "1.15.1", {"seed": 0, "mip_gap": 1e-4})
-    return Plan("memory", PlanStatus.FEASIBLE, 10.5, 10.0, 0.05 / 1.05, wall_time_s, {"schedule": [1, 2]}, prov)
+    payload = {"schedule": {"forward": [], "backward": []}, "budget_bytes": 100, "predicted": {}}  # its schema's minimum
+    return Plan("memory", PlanStatus.FEASIBLE, 10.5, 10.0, 0.05 / 1.05, wall_time_s, payload, prov)
 
 
 def test_plan_envelope_round_trip_and_determinism(tmp_path):

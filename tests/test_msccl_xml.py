@@ -151,8 +151,10 @@ def test_legacy_optional_attributes():
     assert (p.proto, p.inplace, p.outofplace) == ("Simple", True, False)
     assert p.gpus[0].tbs[0].steps[0].srcoff == -1
     assert parse_program(write_program(p, "legacy"), "x") == p
-    with pytest.raises(InputError, match="unexpected attribute 'redop'"):
-        parse_program(text.replace('nchannels="1"', 'proto="LL" nchannels="1" outofplace="0" minBytes="0" maxBytes="9"'), "x", "executor")
+    # The executor reads none of them: in its dialect they are ignored (and recorded), as it ignores them.
+    executor = parse_program(text.replace('nchannels="1"', 'proto="LL" nchannels="1" outofplace="0" minBytes="0" maxBytes="9"'),
+                             "x", "executor")
+    assert executor.origin.ignored == ("algo@redop", "algo@nthreads", "tb@rtype")
 
 
 def test_gzipped_file(tmp_path):
@@ -214,7 +216,8 @@ def test_missing_step_attribute_names_location_and_line():
     [
         ('type="r"', 'type="recv"', "step[@s=2]@type", "unknown step type 'recv'"),
         ('proto="LL"', 'proto="LL64"', "algo@proto", "unknown protocol 'LL64'"),
-        ('coll="allgather"', 'coll="gather"', "algo@coll", "unknown collective 'gather'"),
+        ('coll="allgather"', 'coll="allgatherv"', "algo@coll", "unknown collective 'allgatherv'"),
+        ('coll="allgather"', 'coll="gather"', "algo@coll", "mlopt does not support the collective 'gather'"),
         ('srcbuf="i" srcoff="0" dstbuf="o" dstoff="1"', 'srcbuf="x" srcoff="0" dstbuf="o" dstoff="1"', "step[@s=2]@srcbuf", "unknown buffer 'x'"),
         ('cnt="1"', 'cnt="1.0"', "step[@s=0]@cnt", "'1.0' is not an integer"),
         ('hasdep="0"', 'hasdep="2"', "step[@s=0]@hasdep", "must be 0 or 1"),
@@ -224,7 +227,8 @@ def test_missing_step_attribute_names_location_and_line():
         ('send="1"', 'send="7"', "tb[@id=0]@send", "out of range"),
         ('cnt="1"', 'cnt="-2"', "step[@s=0]@cnt", "below the minimum 0"),
         ('<step s="1"', '<step s="5"', "step[@s=5]@s", "s=5 but this is step 1"),
-        ('<tb id="0"', '<tb id="0" colour="red"', "tb[@id=0]@colour", "unexpected attribute 'colour'"),
+        ('cnt="1"', 'cnt="99999999999"', "step[@s=0]@cnt", "99999999999 is out of range for a 32-bit integer"),
+        ('cnt="1"', 'cnt="-0000000000000000000000000099999999999"', "step[@s=0]@cnt", "-99999999999 is out of range"),
     ],
 )
 def test_bad_values(old, new, field, message):
@@ -245,8 +249,11 @@ def test_structure_errors():
     assert err.field == "algo@ngpus (line 1)" and "no <gpu> with id 2" in err.message
     err = _error(text.replace('<tb id="0" send="0"', '<tb id="1" send="0"'))
     assert err.field.startswith("algo/gpu[@id=1]") and "missing 0" in err.message
-    err = _error(text.replace("<tb ", "<block ", 1).replace("</tb>", "</block>", 1))
-    assert "unexpected element <block>" in err.message
+    err = _error(text.replace("<tb ", "<step ", 1).replace("</tb>", "</step>", 1))
+    assert err.field == "algo/gpu[@id=0]/step[@id=0] (line 3)" and err.status == "schema"
+    assert err.message == "unexpected element <step> inside <gpu> (expected <tb>; the executor would skip it)"
+    err = _error(text.replace('hasdep="0"/>', 'hasdep="0"><x/></step>', 1))
+    assert err.field == "algo/gpu[@id=0]/tb[@id=0]/step[@s=0]/x[1] (line 4)" and "inside <step>" in err.message
     err = _error("<algorithm/>")
     assert "expected <algo>" in err.message
 
@@ -307,10 +314,15 @@ def test_limits_catalogue():
     renumbered = _with_steps(p, 1, 0, tuple(replace(st, s=st.s + 1) for st in p.gpus[1].tbs[0].steps))
     assert "gpu 1 tb 0 step 0 (cpy): s=1, steps must be numbered by position" in check_limits(renumbered)
     no_peer = replace(p, gpus=(p.gpus[0], replace(p.gpus[1], tbs=(replace(p.gpus[1].tbs[0], send=-1),))))
-    assert check_limits(no_peer) == ["gpu 1 tb 0 step 1 (s): sends but the threadblock has send=-1"]
+    assert check_limits(no_peer) == ["gpu 1 tb 0 step 1 (s): a s step sends but the threadblock has send=-1"]
     shared = replace(p, gpus=(replace(p.gpus[0], tbs=p.gpus[0].tbs + (Threadblock(1, 1, -1, 0, ()),)), p.gpus[1]))
     assert check_limits(shared) == [
-        "gpu 0: tbs 0, 1 all send to gpu 1 on channel 0; one connection per (peer, channel) allows one threadblock"
+        "gpu 0 tb 1: tbs 0 and 1 both send to gpu 1 on channel 0; one connection per (peer, channel) allows one "
+        "threadblock"
+    ]
+    wide = replace(p, gpus=(replace(p.gpus[0], s_chunks=32769), p.gpus[1]))
+    assert check_limits(wide) == [
+        "gpu 0: s_chunks=32769 exceeds the 32768 chunks the executor can address (it keeps offsets in 16 bits)"
     ]
     nops = (
         Step(0, "nop", "i", -1, "o", -1, 0, 1, 0),
@@ -322,3 +334,70 @@ def test_limits_catalogue():
         "gpu 0 tb 0 step 2 (nop): nop without a dependency; the executor drops it and numbers the later steps one lower",
         "gpu 0 tb 0 step 2 (nop): nop with hasdep=1; the executor does not store nops, so it never signals",
     ]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# What the real parsers ignore or read differently (docs/input-contract.md; the corpus in tests/conformance)
+
+
+def test_ignored_attributes_and_elements_are_recorded_once():
+    text = write_program(_tiny())
+    text = text.replace('maxBytes="4096"', 'maxBytes="4096" maxcount="1" nthreadblocks="1"')
+    text = text.replace('cnt="1" depid', 'cnt="1" note="a" depid').replace("<tb ", '<copy i_off="0" o_off="1"/><tb ')
+    program = parse_program(text, "rccl.xml")
+    assert program == _tiny()  # nothing of it reaches the program
+    assert program.origin.ignored == ("algo@maxcount", "algo@nthreadblocks", "gpu/copy", "step@note")
+
+
+def test_min_and_max_bytes_saturate_like_strtoll():
+    text = write_program(_tiny()).replace('maxBytes="4096"', 'maxBytes="' + "9" * 5000 + '"')
+    assert parse_program(text, "x").max_bytes == (1 << 63) - 1
+    err = _error(text.replace('minBytes="0"', 'minBytes="-99999999999999999999"'))
+    assert err.field == "algo@minBytes (line 1)" and err.message == "-9223372036854775808 is below the minimum 0"
+
+
+def test_statuses_sort_the_refusals_as_the_runtime_does():
+    text = write_program(_tiny())
+    assert _error(text[:50]).status == "parse"
+    assert _error(text.replace(' cnt="1"', "", 1)).status == "schema"
+    assert _error(text.replace('ngpus="2"', 'ngpus="3"')).status == "semantic"
+    assert _error(text.replace('coll="allgather"', 'coll="scatter"')).status == "unsupported"
+
+
+def test_nesting_is_bounded():
+    deep = "<algo>" + "<x>" * 300 + "</x>" * 300 + "</algo>"
+    err = _error(deep)
+    assert err.status == "parse" and "nested deeper than 256" in err.message
+
+
+def test_a_huge_ngpus_is_refused_listing_a_few_missing_ids():
+    err = _error(write_program(_tiny()).replace('ngpus="2"', 'ngpus="2147483647"'))
+    assert err.message == "ngpus=2147483647 but there is no <gpu> with id 2, 3, 4, 5, 6, 7, 8, 9 (and 2147483637 more)"
+
+
+def test_origin_gives_contract_errors_their_line():
+    from mlopt.formats.msccl_contract import check_contract
+
+    text = write_program(_tiny()).replace('cnt="1" depid', 'cnt="72" depid', 1)
+    with pytest.raises(InputError) as err:
+        check_contract(parse_program(text, "big.xml"))
+    assert str(err.value) == ("big.xml: algo/gpu[@id=0]/tb[@id=0]/step[@s=0]@cnt (line 4): cnt=72, the executor needs "
+                              "cnt below 72")
+    assert err.value.status == "semantic"
+
+
+def test_in_place_only_programs_run_with_their_window():
+    from mlopt.formats.msccl_contract import check_contract, effective_program
+
+    def gpu(r: int) -> Gpu:
+        steps = (Step(0, "s", "o", r, "o", r, 1), Step(1, "r", "o", 1 - r, "o", 1 - r, 1))
+        return Gpu(r, 0, 2, 0, (Threadblock(0, 1 - r, 1 - r, 0, steps),))
+
+    program = replace(_tiny(), inplace=True, outofplace=False, gpus=(gpu(0), gpu(1)))
+    check_contract(program)
+    assert [g.i_chunks for g in effective_program(program).gpus] == [1, 1]
+    assert effective_program(_tiny()) == _tiny()  # not in place only: as declared
+    both = replace(program, outofplace=True)
+    with pytest.raises(InputError, match="only an in-place-only program"):
+        check_contract(both)
+    assert effective_program(both) == both

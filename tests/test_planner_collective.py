@@ -49,3 +49,20 @@ def test_node_limit_reaches_the_taccl_stages_and_repeats_the_plan():
     stages = plans[0].payload["synthesis"]["stages"]
     assert any(s["status"] != "optimal" for s in stages), "one node cannot prove this alltoall optimal"
     assert plans[0].to_dict() == plans[1].to_dict()
+
+
+def test_a_program_declares_in_place_only_when_the_checker_proves_it():
+    from mlopt.planners.collective.baselines import ring
+    from mlopt.planners.collective.lowering import lower
+    from mlopt.planners.collective.planner import declare_proven_modes
+    from mlopt.sim.collectives import CollectiveSpec
+
+    def lowered(collective: str, n: int):
+        return lower(ring(from_spec(f"fully-connected:{n}"), CollectiveSpec(collective, n, 1), channels=1))
+
+    allreduce = declare_proven_modes(lowered("allreduce", 4))
+    assert (allreduce.inplace, allreduce.outofplace) == (True, True)
+    assert check_program(allreduce, inplace=True).ok and check_program(allreduce, inplace=False).ok
+    alltoall = lowered("alltoall", 4)  # the ring overwrites blocks it has yet to send: wrong in place
+    assert not check_program(alltoall, inplace=True).ok
+    assert declare_proven_modes(alltoall) == alltoall

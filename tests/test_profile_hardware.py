@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import statistics
 from pathlib import Path
 
 import pytest
@@ -360,6 +361,15 @@ def test_cpu_transports_give_physical_topologies(transport, runtime_library):
     assert all(l.beta_us_per_MB > 0 and l.alpha_us >= 0 for l in topo.links)
     assert all(l.link_class.startswith(transport) for l in topo.links)
     assert topo.source["transport"] == transport and topo.source["model"] == "taccl+overhead"
+    # the runtime's per-run cost is every collective call's; the Python harnesses' own is not the job's
+    fitted = statistics.median(max(0.0, c["overhead_us"]) for c in topo.source["fit"]["classes"])
+    assert topo.call_overhead_us == pytest.approx(fitted if transport in ("threads", "runtime") else 0.0)
+    probe = topo.source.get("reduce_probe")  # receiving with a reduction costs more than receiving alone
+    if transport in ("threads", "runtime"):
+        assert probe["receive_and_reduce_us"] > 0 and probe["receive_us"] > 0
+        assert topo.reduce_GBps == probe["reduce_GBps"] and (topo.reduce_GBps is None or topo.reduce_GBps > 0)
+    else:
+        assert probe is None and topo.reduce_GBps is None
     for report in topo.source["fit"]["links"].values():
         assert len(report["samples"]) == 6 and all(s["repeats"] == 2 for s in report["samples"])
 

@@ -402,6 +402,35 @@ def test_four_ranks_over_tcp_every_collective_and_sub_groups(multi_process, inde
         assert any("over 2 ranks" in line and "has it for 4 ranks" in line for line in result["subgroup_fallbacks"])
 
 
+def _ring_xml(folder: Path, collective: str, modes: str) -> str:
+    """A 2-rank ring program declaring `modes`: "in-place" only (lowered in place) or "both" (proven both ways)."""
+    from mlopt.formats.msccl_xml import write_program
+    from mlopt.formats.topology import fully_connected
+    from mlopt.planners.collective.baselines import ring
+    from mlopt.planners.collective.lowering import lower
+    from mlopt.planners.collective.planner import declare_proven_modes
+    from mlopt.sim.collectives import CollectiveSpec
+
+    alg = ring(fully_connected(2), CollectiveSpec(collective, 2, 1), channels=1)
+    program = lower(alg, inplace=True) if modes == "in-place" else declare_proven_modes(lower(alg))
+    assert (program.inplace, program.outofplace) == ((True, False) if modes == "in-place" else (True, True))
+    path = folder / f"{collective}-{modes}.xml"
+    path.write_text(write_program(program))
+    return str(path)
+
+
+def test_in_place_programs_run_on_the_tensor_or_in_their_in_place_layout(multi_process, tmp_path):
+    only = {c: _ring_xml(tmp_path, c, "in-place") for c in ("allreduce", "allgather", "reducescatter", "broadcast")}
+    both = _ring_xml(tmp_path, "allreduce", "both")
+    results = _launch("in-place", 2, tmp_path / "run", {"only": only, "both": both})
+    for rank, result in enumerate(results):
+        assert result["error"] is None, f"rank {rank}: {result['error']}"
+        used = {(coll, src) for coll, src, _ in result["sources"]}
+        assert {(c, path) for c, path in only.items()} <= used  # every in-place-only program ran (and was right)
+        assert result["staged_on_the_tensor"] == 0  # both modes, no padding: the tensor is the program's buffer
+        assert result["staged_padded"] == ["in-place"]  # a size the chunks do not divide: one staging buffer
+
+
 def test_ranks_with_different_plan_indexes_fail_init_naming_the_files(multi_process, index2, tmp_path):
     other = tmp_path / "other-plans"
     shutil.copytree(index2.parent, other)
@@ -730,7 +759,37 @@ def _scenario_process_comm(rank: int, world: int, config: dict, result: dict) ->
         result["enforcer_closed_first"] = not enforcer._finalizer.alive
 
 
-_SCENARIOS = {"collectives": _scenario_collectives, "mismatch": _scenario_mismatch, "dead-rank": _scenario_dead_rank,
+def _scenario_in_place(rank: int, world: int, config: dict, result: dict) -> None:
+    import torch
+    import torch.distributed as dist
+
+    import mlopt.pytorch as mp
+
+    store = dist.FileStore(config["store"], world)
+    dist.init_process_group("mlopt", store=store, rank=rank, world_size=world,
+                            pg_options=mp.BackendOptions(plans=config["only"], watchdog_ms=30000))
+    checker = _Checker(None, rank, world)  # every call of these collectives runs an in-place-only program
+    checker.allreduce(sizes=(1, 7, 1030))
+    checker.allgather()
+    checker.reduce_scatter()
+    checker.broadcast()
+    result["sources"] = [[coll, src, count] for (coll, src), count in sorted(mp.backend_of().sources.items())]
+    both = dist.new_group(list(range(world)), pg_options=mp.BackendOptions(plans={"allreduce": config["both"]}))
+    pg = mp.backend_of(both)
+    everyone = checker.inputs(4096, torch.float32)
+    mine = everyone[rank].clone()
+    dist.all_reduce(mine, group=both)
+    _expect(mine, _reference(everyone, "sum", torch.float32), "in-place allreduce 4096")
+    result["staged_on_the_tensor"] = len(pg._staging_buffers)
+    everyone = checker.inputs(4095, torch.float32)
+    mine = everyone[rank].clone()
+    dist.all_reduce(mine, group=both)
+    _expect(mine, _reference(everyone, "sum", torch.float32), "padded allreduce 4095")
+    result["staged_padded"] = sorted({key[0] for key in pg._staging_buffers})
+    dist.destroy_process_group()
+
+
+_SCENARIOS = {"in-place": _scenario_in_place, "collectives": _scenario_collectives, "mismatch": _scenario_mismatch, "dead-rank": _scenario_dead_rank,
               "process-comm": _scenario_process_comm}
 
 

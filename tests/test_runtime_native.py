@@ -20,7 +20,6 @@ import numpy as np
 import pytest
 
 from conftest import REPO, SHARED_REFERENCE
-from mlopt.errors import InputError
 from mlopt.runtime import native
 
 try:
@@ -28,6 +27,7 @@ try:
 except native.RuntimeLibraryNotFound as _missing:
     pytest.skip(f"mlopt runtime library unavailable: {_missing}", allow_module_level=True)
 
+from mlopt.formats.msccl_contract import effective_program, in_place_only  # noqa: E402
 from mlopt.formats.msccl_xml import load_program, write_program  # noqa: E402
 from mlopt.runtime.run_collective import check_outputs, expected_outputs, random_inputs  # noqa: E402
 
@@ -42,19 +42,7 @@ def _reference_xmls() -> list[Path]:
     return [found[name] for name in sorted(found)]
 
 
-# Real files that mlopt still refuses: issue 24 (in-place-only programs that declare o_chunks=0 or i_chunks=0,
-# RCCL's attributes on <algo>). Strict: once the loader accepts one, its test fails here until it leaves this set.
-REFUSED_UNTIL_ISSUE_24 = frozenset({"msccl-scheduler_ncv4_ar_tree_12_LL.xml", "msccl-scheduler_ndv4_ag-1k-512k.xml",
-                                    "rccl_unit-test_all-reduce-ring-ll.xml"})
-
-
-def _reference_params() -> list:
-    return [pytest.param(path, marks=pytest.mark.xfail(strict=True, raises=(native.RuntimeLibraryError, InputError),
-                                                       reason="issue 24: real file refused by the loader"))
-            if path.name in REFUSED_UNTIL_ISSUE_24 else path for path in _reference_xmls()]
-
-
-REFERENCE_XMLS = _reference_params()
+REFERENCE_XMLS = _reference_xmls()
 MEMORY_PLAN = REPO / "runtime/tests/data/fc2_memory.plan.json"
 
 # (topology, collective, algorithm, root): every family the planner has, on small topologies.
@@ -196,7 +184,8 @@ def test_missing_library_says_how_to_build_it(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("path", REFERENCE_XMLS, ids=lambda p: p.name)
 def test_reference_xml_loads_with_the_python_parsers_summary(path):
-    program = load_program(path)
+    # As it runs: an in-place-only program's left-out buffer has its window's size in both languages.
+    program = effective_program(load_program(path))
     plan = native.Plan.load(path)
     assert (plan.kind, plan.format, plan.planner) == ("msccl-xml", "msccl-ef", "collective")
     info = plan.program_info
@@ -278,7 +267,20 @@ def test_memory_plan_is_a_json_plan():
 @pytest.mark.parametrize("path", REFERENCE_XMLS, ids=lambda p: p.name)
 @pytest.mark.parametrize("chunk_elems,chunk_bytes", [(1, 0), (300, 0), (1000, 1024)])
 def test_reference_xml_computes_its_collective(path, chunk_elems, chunk_bytes):
-    run_and_check(path, chunk_elems, chunk_bytes=chunk_bytes)
+    run_and_check(path, chunk_elems, chunk_bytes=chunk_bytes, in_place=in_place_only(load_program(path)))
+
+
+def test_an_in_place_only_program_is_refused_out_of_place():
+    path = SHARED_REFERENCE / "msccl-xml" / "msccl-scheduler_ndv4_ag-1k-512k.xml"
+    if not path.is_file():
+        pytest.skip(f"reference artefact not available: {path}")
+    plan = native.Plan.load(path)
+    assert (plan.program_info["i_chunks"], plan.program_info["o_chunks"]) == (2, 16)  # i_chunks="0" in the file
+    inputs = random_inputs(8, 2 * 5, "float32", "sum", 0)
+    with native.LocalComm(8) as comm, pytest.raises(native.RuntimeLibraryError) as caught:
+        comm.run(plan, inputs)
+    assert caught.value.status_name == "MLOPT_ERR_MISMATCH"
+    assert "out-of-place run of an in-place-only program" in caught.value.message
 
 
 @pytest.mark.parametrize("case", PLANNER_CASES, ids=_case_id)
@@ -411,8 +413,11 @@ def test_buffer_checks_protect_memory(planner_xmls):
             comm.run(plan, inputs, outputs=[np.empty(count, np.float32)] * 2)
         with pytest.raises(ValueError, match="not C-contiguous"):
             comm.run(plan, [x[::2] for x in random_inputs(2, 2 * count, "float32", "sum", 0)])
+        text = Path(planner_xmls["allgather-ring-ring2"]).read_text()
+        assert 'inplace="1"' in text  # the planner declares in place too once the checker proves it
+        out_of_place_only = native.Plan.from_bytes(text.replace('inplace="1"', 'inplace="0"'), "out-of-place only")
         with pytest.raises(ValueError, match="inplace"):
-            comm.run(plan, inputs, in_place=True)
+            comm.run(out_of_place_only, inputs, in_place=True)
         assert info["i_chunks"] > 1
         with pytest.raises(native.RuntimeLibraryError):  # not a whole number of chunks
             comm.run(plan, random_inputs(2, count + 1, "float32", "sum", 0))
@@ -421,24 +426,48 @@ def test_buffer_checks_protect_memory(planner_xmls):
     assert caught.value.status_name == "MLOPT_ERR_INVALID_ARGUMENT"
 
 
-def test_a_deadlocking_program_is_reported_not_hung(tmp_path):
-    """Both ranks receive before they send: structurally valid (one message each way), but no step can start."""
-    tail = 'cnt="1" depid="-1" deps="-1" hasdep="0"/>'
-    steps = (f'<step s="0" type="r" srcbuf="i" srcoff="0" dstbuf="o" dstoff="{{peer}}" {tail}'
-             f'<step s="1" type="s" srcbuf="i" srcoff="0" dstbuf="o" dstoff="{{me}}" {tail}'
-             f'<step s="2" type="cpy" srcbuf="i" srcoff="0" dstbuf="o" dstoff="{{me}}" {tail}')
-    gpus = "".join(f'<gpu id="{me}" i_chunks="1" o_chunks="2" s_chunks="0"><tb id="0" send="{1 - me}" recv="{1 - me}" '
-                   f'chan="0">{steps.format(me=me, peer=1 - me)}</tb></gpu>' for me in (0, 1))
-    path = tmp_path / "deadlock.xml"
-    path.write_text('<algo name="deadlock" proto="Simple" nchannels="1" nchunksperloop="2" ngpus="2" coll="allgather" '
-                    f'inplace="0" outofplace="1" minBytes="0" maxBytes="0">{gpus}</algo>\n')
-    plan = native.Plan.load(path)
-    inputs = random_inputs(2, 4, "float32", "sum", 0)
+def _two_rank_allgather(tmp_path, name: str, steps, chunks: int) -> Path:
+    """A 2-rank allgather of `chunks` chunks per rank whose only threadblock on rank `me` runs steps(me, peer)."""
+    gpus = "".join(f'<gpu id="{me}" i_chunks="{chunks}" o_chunks="{2 * chunks}" s_chunks="0"><tb id="0" '
+                   f'send="{1 - me}" recv="{1 - me}" chan="0">{steps(me, 1 - me)}</tb></gpu>' for me in (0, 1))
+    path = tmp_path / name
+    path.write_text(f'<algo name="{name}" proto="Simple" nchannels="1" nchunksperloop="{2 * chunks}" ngpus="2" '
+                    f'coll="allgather" inplace="0" outofplace="1" minBytes="0" maxBytes="0">{gpus}</algo>\n')
+    return path
+
+
+def _steps(*steps: tuple[str, int, int, int]) -> str:
+    """<step> elements from (type, srcoff, dstoff, cnt), numbered in order."""
+    return "".join(f'<step s="{s}" type="{kind}" srcbuf="i" srcoff="{src}" dstbuf="o" dstoff="{dst}" cnt="{cnt}" '
+                   'depid="-1" deps="-1" hasdep="0"/>' for s, (kind, src, dst, cnt) in enumerate(steps))
+
+
+def test_a_deadlocking_program_is_refused_when_loaded(tmp_path):
+    """Both ranks receive before they send: one message each way, but no step can start (found at load time)."""
+    path = _two_rank_allgather(tmp_path, "deadlock.xml",
+                               lambda me, peer: _steps(("r", 0, peer, 1), ("s", 0, me, 1), ("cpy", 0, me, 1)), 1)
+    with pytest.raises(native.RuntimeLibraryError) as caught:
+        native.Plan.load(path)
+    assert caught.value.status_name == "MLOPT_ERR_SEMANTIC" and caught.value.exit_code == 2
+    assert caught.value.message.startswith(f"{path}: algo/gpu[@id=0]/tb[@id=0]/step[@s=0]@type (line 1): deadlock:")
+
+
+def test_a_deadlock_under_bounded_fifos_is_reported_not_hung(tmp_path):
+    """Both ranks send two messages before they receive: fine with unbounded FIFOs (so it loads), stuck when a
+    connection holds one message; the watchdog reports it."""
+    def steps(me: int, peer: int) -> str:
+        return _steps(("cpy", 0, 2 * me, 2), ("s", 0, 0, 1), ("s", 1, 0, 1), ("r", 0, 2 * peer, 1), ("r", 0, 2 * peer + 1, 1))
+
+    plan = native.Plan.load(_two_rank_allgather(tmp_path, "bounded.xml", steps, 2))
+    inputs = random_inputs(2, 8, "float32", "sum", 0)
+    with native.LocalComm(2) as comm:
+        outputs, _ = comm.run(plan, inputs)  # unbounded: completes
+    assert all(np.array_equal(out, np.concatenate(inputs)) for out in outputs)
     with native.LocalComm(2) as comm:
         with pytest.raises(native.RuntimeLibraryError) as caught:
-            comm.run(plan, inputs, watchdog_ms=300)
+            comm.run(plan, inputs, watchdog_ms=300, fifo_slots=1)
     assert caught.value.status_name == "MLOPT_ERR_DEADLOCK" and caught.value.exit_code == 1
-    assert "deadlock.xml" in caught.value.message or "rank" in caught.value.message
+    assert "bounded.xml" in caught.value.message or "rank" in caught.value.message
 
 
 def test_plans_and_communicators_close_once():

@@ -117,6 +117,28 @@ def test_single_send_is_alpha_plus_beta():
     assert res.link_bytes == {(0, 1): pytest.approx(MB)}
 
 
+def test_a_call_overhead_is_paid_once_per_program_run_and_bounds_it_too():
+    from dataclasses import replace
+
+    from mlopt.sim.bounds import lower_bound
+    from mlopt.sim.collective_algorithms import collective_time
+
+    plain, paid = from_spec("ring:4"), replace(from_spec("ring:4"), call_overhead_us=30.0)
+    program = ring_program("allgather", [0, 1, 2, 3])
+    assert simulate_program(program, paid, MB).time_us == pytest.approx(simulate_program(program, plain, MB).time_us
+                                                                         + 30.0)
+    assert lower_bound("allgather", paid, MB).time_us == pytest.approx(lower_bound("allgather", plain, MB).time_us
+                                                                       + 30.0)
+    reducing = ring_program("allreduce", [0, 1, 2, 3])  # a profiled reduction rate slows reducing steps down
+    free = simulate_program(reducing, plain, MB).time_us
+    assert simulate_program(reducing, replace(plain, reduce_GBps=5.0), MB).time_us > free
+    assert simulate_program(reducing, replace(plain, reduce_GBps=5.0), MB, reduce_GBps=1e9).time_us == \
+        pytest.approx(free, rel=1e-3)  # the caller's rate wins
+    for mode in ("unaware", "aware"):  # mlopt's own algorithms pay it as the programs do
+        alone = collective_time("allgather", "ring", range(4), MB, plain, mode=mode).time_us
+        assert collective_time("allgather", "ring", range(4), MB, paid, mode=mode).time_us == pytest.approx(alone + 30)
+
+
 def test_double_nvlink_has_half_the_beta():
     # ndv2 0->1 is a double NVLink: 23 us/MB for the whole link. 2 MB: 0.7 + 46 = 46.7; 0->2 single: 0.7 + 92
     ndv2 = from_spec("ndv2")

@@ -119,6 +119,16 @@ def test_round_trip_is_exact_and_canonical(spec):
     assert canonical_json(again.to_dict()) == canonical_json(topo.to_dict())
 
 
+def test_a_call_overhead_round_trips_and_is_written_only_when_set():
+    from dataclasses import replace
+
+    plain = from_spec("ring:3")
+    assert "call_overhead_us" not in plain.to_dict()  # files without one stay as they were
+    profiled = replace(plain, call_overhead_us=42.5, reduce_GBps=7.5)
+    assert profiled.to_dict()["call_overhead_us"] == 42.5 and profiled.to_dict()["reduce_GBps"] == 7.5
+    assert Topology.from_dict(profiled.to_dict()) == profiled
+
+
 def _topo_dict(**changes):
     d = from_spec("ring:3").to_dict()
     d.update(changes)
@@ -136,6 +146,8 @@ def _topo_dict(**changes):
         (lambda d: d["links"][0].pop("beta_us_per_MB"), "$.links[0].beta_us_per_MB", "missing"),
         (lambda d: d["nodes"][0].update(ranks=[0, 1, 1]), "$.nodes[0].ranks[2]", "already"),
         (lambda d: d["nodes"][0].update(ranks=[0, 2, 3]), "$.nodes", "missing [1]"),
+        (lambda d: d.update(call_overhead_us=-3), "$.call_overhead_us", ">= 0"),
+        (lambda d: d.update(reduce_GBps=0), "$.reduce_GBps", "> 0"),
     ],
 )
 def test_semantic_and_schema_errors_name_the_field(mutate, field, fragment):

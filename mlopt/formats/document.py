@@ -7,6 +7,7 @@ optional fields, and refuse a newer major with a message that says to upgrade.
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from importlib import resources
@@ -28,7 +29,7 @@ class FormatSpec:
         return int(self.version.split(".")[0])
 
 
-TOPOLOGY = FormatSpec("mlopt.topology", "1.0", "topology.schema.json")
+TOPOLOGY = FormatSpec("mlopt.topology", "1.1", "topology.schema.json")  # 1.1: call_overhead_us, reduce_GBps
 TRACE = FormatSpec("mlopt.trace", "1.1", "trace.schema.json")  # 1.1: a permute's comm.pairs
 PLAN = FormatSpec("mlopt.plan", "1.0", "plan.schema.json")
 PLAN_INDEX = FormatSpec("mlopt.plan-index", "1.0", "plan-index.schema.json")
@@ -94,14 +95,30 @@ def _describe(error: jsonschema.ValidationError) -> tuple[str, str]:
 
 def validate_schema(doc: Any, spec: FormatSpec, source: str) -> None:
     """Check a document against the committed JSON Schema; report the first (deepest) problem."""
-    validator = jsonschema.Draft202012Validator(load_schema(spec))
+    validate_against(doc, load_schema(spec), source)
+
+
+@functools.lru_cache(maxsize=None)
+def load_schema_file(name: str) -> dict[str, Any]:
+    """A committed schema by file name (those of plan payloads have no FormatSpec of their own)."""
+    return json.loads(resources.files("mlopt.formats").joinpath("schemas", name).read_text("utf-8"))
+
+
+def validate_against(doc: Any, schema: dict[str, Any], source: str, prefix: str = "$") -> None:
+    """InputError naming the JSON path (under `prefix`, for a part of a document) of the first (deepest)
+    place where `doc` breaks `schema`."""
+    validator = jsonschema.Draft202012Validator(schema)
     error = jsonschema.exceptions.best_match(validator.iter_errors(doc))
     if error is not None:
         path, message = _describe(error)
-        raise InputError(source, path, message)
+        raise InputError(source, prefix + path[1:], message)
 
 
 def check_document(doc: Any, spec: FormatSpec, source: str) -> None:
-    """Header first (so version errors are clear), then structure."""
+    """Header first (so version errors are clear), then finite numbers (NaN and Infinity pass a schema's
+    `minimum`), then structure."""
+    from mlopt.formats.io import check_finite
+
     check_header(doc, spec, source)
+    check_finite(doc, source)
     validate_schema(doc, spec, source)

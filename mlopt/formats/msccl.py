@@ -13,7 +13,8 @@ a dependency).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 STEP_TYPES = ("s", "r", "rcs", "rrs", "rrc", "rrcs", "cpy", "re", "nop")
 SENDING_STEPS = frozenset({"s", "rcs", "rrs", "rrcs"})
@@ -27,6 +28,7 @@ COLLECTIVES = ("allgather", "reducescatter", "allreduce", "alltoall", "broadcast
 MAX_STEPS_PER_THREADBLOCK = 64
 MAX_CHANNELS = 32
 MAX_STEP_COUNT = 72  # cnt must be below this
+MAX_BUFFER_CHUNKS = 32768  # the executor keeps offsets in int16_t (msccl_struct.h): chunks 0..32767 only
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,20 @@ class Gpu:
 
 
 @dataclass(frozen=True)
+class Origin:
+    """Where a parsed program came from, for messages: the file, the line of each element (keys: () for
+    <algo>, (gpu,), (gpu, tb), (gpu, tb, step) by id) and what the loader ignored as the executor does
+    ("algo@maxcount", "gpu/copy": attribute names and element names, each once)."""
+
+    source: str
+    lines: Mapping[tuple[int, ...], int]
+    ignored: tuple[str, ...] = ()
+
+    def line(self, key: tuple[int, ...]) -> int | None:
+        return self.lines.get(key)
+
+
+@dataclass(frozen=True)
 class Program:
     name: str
     proto: str  # one of PROTOCOLS
@@ -74,6 +90,8 @@ class Program:
     min_bytes: int
     max_bytes: int
     gpus: tuple[Gpu, ...]
+    # Set by the XML loader; not part of the program (equality and hashing ignore it).
+    origin: Origin | None = field(default=None, compare=False, repr=False)
 
     def gpu(self, rank: int) -> Gpu:
         return self.gpus[rank]

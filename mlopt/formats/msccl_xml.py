@@ -3,8 +3,7 @@
 Two dialects:
 
 executor (the default; Azure/msccl-executor-nccl src/misc/msccl/msccl_parser.cc, also RCCL's copy) reads
-every attribute below and fails without any of them; mlopt is stricter still: an unknown attribute or element
-is an error too, integers must be plain decimal integers and flags 0 or 1::
+every attribute below and fails without any of them::
 
     <algo name proto nchannels nchunksperloop ngpus coll inplace outofplace minBytes maxBytes>
       <gpu id i_chunks o_chunks s_chunks>
@@ -32,23 +31,36 @@ nop steps with `srcbuf="i" srcoff="-1" dstbuf="o" dstoff="-1" cnt="0"`. The lega
 outofplace/minBytes/maxBytes when they hold the values a legacy reader would assume, so that
 `parse(write(p, "legacy")) == p` for every program.
 
+What the real parsers ignore is ignored here too, and recorded in `Program.origin.ignored`: they look
+attributes up by name, so any other attribute (RCCL's `maxcount`, `nthreadblocks`, ...) is ignored; they walk
+child elements by name, so an unknown element (TE-CCL's `<copy i_off o_off>` inside `<gpu>`) is skipped with
+everything inside it. Refused although the executor would read on (it would mis-read or silently drop):
+a known element in the wrong place (`<step>` inside `<gpu>`), elements inside `<step>` (the executor's parser
+has no handler there and crashes), a required attribute after the first 16 of its element (the executor keeps
+16), numbers that are not plain decimal integers or do not fit an int (strtol would read "0x10", "1.5" or
+"abc" as something else), flags other than 0/1. minBytes/maxBytes are int64 read by strtoll, which saturates:
+so does this loader (maxBytes="99999999999999999999" is 2**63-1). Collectives the executor runs but mlopt does
+not model (send, recv, gather, scatter, alltoallv) are refused with status "unsupported".
+
 `dialect="auto"` reads a file as legacy when its algo element lacks one of outofplace/minBytes/maxBytes,
 spells `reduce_scatter`, or carries a legacy-only attribute; otherwise as the executor dialect.
 
 Structural rules checked while parsing (in both dialects): gpu ids are 0..ngpus-1, each once; tb ids are
 0..n-1 on each gpu; steps are numbered by position (`s` = index in the threadblock); every `chan` is below
 `nchannels`; peers are -1 or another gpu. Program.gpus and Gpu.tbs come out sorted by id. Executor limits
-and the rules that are not about one attribute are checked by `check_limits`.
+are listed by `check_limits`; the whole input contract after parsing (the same as the C++ loader's, first
+problem first) is mlopt.formats.msccl_contract.check_contract (docs/input-contract.md).
 
-Errors are InputError(file, location, message) with an XPath-like location and the line, e.g.
-`algo/gpu[@id=3]/tb[@id=1]/step[@s=4]@dstoff (line 57)`.
+Errors are InputError(file, location, message, status) with an XPath-like location and the line, e.g.
+`algo/gpu[@id=3]/tb[@id=1]/step[@s=4]@dstoff (line 57)`, and the status the C++ loader gives the same file
+(runtime/src/msccl_xml.cpp): "parse" (malformed XML), "schema" (a missing, mistyped or misplaced attribute or
+element), "semantic" (ids, peers, channels, numbering), "unsupported".
 """
 
 from __future__ import annotations
 
 import os
 import re
-from collections import defaultdict
 from dataclasses import dataclass, field
 from xml.parsers import expat
 
@@ -57,18 +69,15 @@ from mlopt.formats.io import atomic_write_text, read_bytes
 from mlopt.formats.msccl import (
     BUFFERS,
     COLLECTIVES,
-    MAX_CHANNELS,
-    MAX_STEP_COUNT,
-    MAX_STEPS_PER_THREADBLOCK,
     PROTOCOLS,
-    RECEIVING_STEPS,
-    SENDING_STEPS,
     STEP_TYPES,
     Gpu,
+    Origin,
     Program,
     Step,
     Threadblock,
 )
+from mlopt.formats.msccl_contract import MAX_TBS_PER_CHANNEL, label, limit_problems  # noqa: F401 (re-exported)
 
 DIALECTS = ("executor", "legacy")
 
@@ -89,8 +98,13 @@ LEGACY_DEFAULT_MIN_BYTES = 0
 LEGACY_DEFAULT_MAX_BYTES = 1 << 27
 LEGACY_COLL_NAMES = {"reducescatter": "reduce_scatter"}  # mlopt name -> legacy spelling
 
-# Executor limits not in mlopt.formats.msccl (msccl_struct.h of the executor).
-MAX_TBS_PER_CHANNEL = 32  # MSCCL_MAX_NUM_THREAD_BLOCKS_PER_CHANNEL: send (recv) peers per channel on one GPU
+# What the real parsers read (see module docstring).
+UNSUPPORTED_COLLECTIVES = ("send", "recv", "gather", "scatter", "alltoallv")  # the executor runs them, mlopt not
+CHILD_ELEMENT = {"algo": "gpu", "gpu": "tb", "tb": "step"}  # the one element each level reads; <step>: none
+MAX_ATTRIBUTES = 16  # MSCCL_MAX_ATTR_COUNT (RCCL msccl_parser.h; NCCL xml.h): the parser keeps the first 16
+MAX_DEPTH = 256  # elements nested deeper are refused (as the C++ parser does, runtime/src/xml.hpp)
+INT32 = (-(1 << 31), (1 << 31) - 1)  # strtol into an int
+INT64 = (-(1 << 63), (1 << 63) - 1)  # strtoll, which saturates
 
 _INT = re.compile(r"-?[0-9]+\Z")
 
@@ -116,9 +130,12 @@ def _parse_tree(text: str | bytes, source: str) -> _Node:
 
     def fail(line: int, column: int | None, message: str) -> InputError:
         where = f"(line {line}" + (f", column {column})" if column is not None else ")")
-        return InputError(source, where, f"malformed XML: {message}")
+        return InputError(source, where, f"malformed XML: {message}", "parse")
 
     def start(tag: str, attrs: dict[str, str]) -> None:
+        if len(stack) >= MAX_DEPTH:
+            raise fail(parser.CurrentLineNumber, parser.CurrentColumnNumber + 1,
+                       f"elements nested deeper than {MAX_DEPTH}")
         node = _Node(tag, dict(attrs), parser.CurrentLineNumber)
         if stack:
             stack[-1].children.append(node)
@@ -148,7 +165,7 @@ def _parse_tree(text: str | bytes, source: str) -> _Node:
     except expat.ExpatError as exc:
         raise fail(exc.lineno, exc.offset + 1, expat.errors.messages.get(exc.code, str(exc))) from None
     if not root:
-        raise InputError(source, "(line 1)", "malformed XML: no root element")
+        raise InputError(source, "(line 1)", "malformed XML: no root element", "parse")
     return root[0]
 
 
@@ -160,27 +177,42 @@ class _Reader:
     def __init__(self, source: str, dialect: str):
         self.source = source
         self.dialect = dialect
+        self.ignored: dict[str, None] = {}  # what the executor would ignore, in order, each once
+        self.lines: dict[tuple[int, ...], int] = {}
 
-    def error(self, node: _Node, attr: str | None, message: str) -> InputError:
+    def error(self, node: _Node, attr: str | None, message: str, status: str = "schema") -> InputError:
         location = node.path + (f"@{attr}" if attr else "") + f" (line {node.line})"
-        return InputError(self.source, location, message)
+        return InputError(self.source, location, message, status)
+
+    def structure_error(self, node: _Node, attr: str | None, message: str) -> InputError:
+        return self.error(node, attr, message, "semantic")
 
     def check_attrs(self, node: _Node, required: tuple[str, ...], optional: tuple[str, ...] = ()) -> None:
+        """Required attributes among the first MAX_ATTRIBUTES (all the executor keeps); any attribute neither
+        required nor optional is ignored, as the executor looks attributes up by name."""
+        kept = list(node.attrs)[:MAX_ATTRIBUTES]
         for name in required:
-            if name not in node.attrs:
-                raise self.error(node, name, f"missing attribute {name!r} ({self.dialect} dialect)")
-        allowed = set(required) | set(optional)
+            if name in kept:
+                continue
+            if name in node.attrs:
+                raise self.error(node, name, f"attribute {name!r} comes after the first {MAX_ATTRIBUTES} attributes "
+                                             f"of <{node.tag}>, the only ones the executor reads")
+            raise self.error(node, name, f"missing attribute {name!r} ({self.dialect} dialect)")
         for name in node.attrs:
-            if name not in allowed:
-                raise self.error(
-                    node, name, f"unexpected attribute {name!r} on <{node.tag}> ({self.dialect} dialect)"
-                )
+            if name not in required and name not in optional:
+                self.ignored.setdefault(f"{node.tag}@{name}")
 
-    def int_attr(self, node: _Node, name: str, minimum: int | None = None) -> int:
+    def int_attr(self, node: _Node, name: str, minimum: int | None = None, bits: int = 32) -> int:
+        """A plain decimal integer that fits an int (bits=32: the executor's strtol into an int) or saturated to
+        int64 (bits=64: its strtoll), then at least `minimum`."""
         raw = node.attrs[name]
         if not _INT.match(raw):
             raise self.error(node, name, f"{raw!r} is not an integer")
-        value = int(raw)
+        low, high = INT32 if bits == 32 else INT64
+        value = _bounded_int(raw, low, high)
+        if value is None:
+            raise self.error(node, name, f"{_canonical(raw)} is out of range for a 32-bit integer (the executor "
+                                         "reads it as an int)")
         if minimum is not None and value < minimum:
             raise self.error(node, name, f"{value} is below the minimum {minimum}")
         return value
@@ -197,19 +229,52 @@ class _Reader:
             raise self.error(node, name, f"unknown {what} {raw!r} (expected one of {', '.join(allowed)})")
         return raw
 
-    def children(self, node: _Node, tag: str) -> list[_Node]:
-        for child in node.children:
-            if child.tag != tag:
-                raise self.error(
-                    child, None, f"unexpected element <{child.tag}> inside <{node.tag}> (expected <{tag}>)"
-                )
-        return node.children
+    def children(self, node: _Node, key: str) -> list[_Node]:
+        """The children the executor reads (CHILD_ELEMENT), each labelled by `key`; unknown elements are skipped
+        with their content, as the executor does; a known element in the wrong place is an error (the executor
+        would drop it silently), and so is any element inside <step> (the executor's parser crashes there)."""
+        tag = CHILD_ELEMENT.get(node.tag)
+        out = []
+        for position, child in enumerate(node.children):
+            child.path = f"{node.path}/{_label(child, key, position)}"
+            if child.tag == tag:
+                out.append(child)
+            elif tag is None:
+                raise self.error(child, None, f"unexpected element <{child.tag}> inside <{node.tag}> (the executor "
+                                              f"cannot read elements inside <{node.tag}>)")
+            elif child.tag in CHILD_ELEMENT or child.tag == "step":
+                raise self.error(child, None, f"unexpected element <{child.tag}> inside <{node.tag}> "
+                                              f"(expected <{tag}>; the executor would skip it)")
+            else:
+                self.ignored.setdefault(f"{node.tag}/{child.tag}")
+        return out
+
+
+def _canonical(raw: str) -> str:
+    """What int(raw) prints, for a plain integer of any length."""
+    negative = raw.startswith("-")
+    digits = raw.lstrip("-").lstrip("0") or "0"
+    return ("-" if negative and digits != "0" else "") + digits
+
+
+def _bounded_int(raw: str, low: int, high: int) -> int | None:
+    """The value of a plain integer within [low, high]; None outside for 32 bits, saturated for 64 bits."""
+    text = _canonical(raw)
+    if len(text.lstrip("-")) > 20:  # beyond int64 either way (and int() of a huge string is slow or refused)
+        value = low - 1 if text.startswith("-") else high + 1
+    else:
+        value = int(text)
+    if low <= value <= high:
+        return value
+    if (low, high) == INT64:
+        return max(low, min(high, value))
+    return None
 
 
 def _label(node: _Node, key: str, position: int) -> str:
     raw = node.attrs.get(key)
     if raw is not None and _INT.match(raw):
-        return f"{node.tag}[@{key}={int(raw)}]"
+        return f"{node.tag}[@{key}={_canonical(raw)}]"
     return f"{node.tag}[{position + 1}]"
 
 
@@ -228,7 +293,7 @@ def _detect(root: _Node) -> str:
 
 
 def parse_program(text: str | bytes, source: str, dialect: str = "auto") -> Program:
-    """An MSCCL-EF XML document as a Program; InputError (with location and line) when it is not valid."""
+    """An MSCCL-EF XML document as a Program; InputError (with location, line and status) when it is not valid."""
     if dialect not in ("auto",) + DIALECTS:
         raise ValueError(f"unknown MSCCL XML dialect {dialect!r} (expected auto, executor or legacy)")
     root = _parse_tree(text, source)
@@ -238,84 +303,88 @@ def parse_program(text: str | bytes, source: str, dialect: str = "auto") -> Prog
     r = _Reader(source, dialect)
     if root.tag != "algo":
         raise r.error(root, None, f"root element is <{root.tag}>, expected <algo>")
+    header = _parse_algo(r, root)
+    r.lines[()] = root.line
+    gpus = _parse_gpus(r, root, header["ngpus"], header["nchannels"])
+    origin = Origin(source, r.lines, tuple(r.ignored))
+    return Program(**header, gpus=gpus, origin=origin)
 
-    if dialect == "executor":
+
+def _parse_algo(r: _Reader, root: _Node) -> dict:
+    if r.dialect == "executor":
         r.check_attrs(root, ALGO_ATTRS)
     else:
         required = tuple(a for a in ALGO_ATTRS if a not in LEGACY_OPTIONAL_ALGO)
         r.check_attrs(root, required, LEGACY_OPTIONAL_ALGO + LEGACY_IGNORED_ALGO)
-
-    name = root.attrs["name"]
-    proto = r.enum_attr(root, "proto", PROTOCOLS, "protocol") if "proto" in root.attrs else LEGACY_DEFAULT_PROTO
-    nchannels = r.int_attr(root, "nchannels", 1)
-    nchunksperloop = r.int_attr(root, "nchunksperloop", 1)
-    ngpus = r.int_attr(root, "ngpus", 1)
-    coll_raw = root.attrs["coll"]
-    if dialect == "legacy" and coll_raw == "reduce_scatter":
-        coll = "reducescatter"
-    elif coll_raw == "reduce_scatter":
-        raise r.error(
-            root, "coll", "'reduce_scatter' is the legacy spelling; the executor dialect wants 'reducescatter'"
-        )
-    else:
-        coll = r.enum_attr(root, "coll", COLLECTIVES, "collective")
-    inplace = r.flag_attr(root, "inplace")
-    outofplace = r.flag_attr(root, "outofplace") if "outofplace" in root.attrs else not inplace
-    min_bytes = r.int_attr(root, "minBytes", 0) if "minBytes" in root.attrs else LEGACY_DEFAULT_MIN_BYTES
-    max_bytes = r.int_attr(root, "maxBytes", 0) if "maxBytes" in root.attrs else LEGACY_DEFAULT_MAX_BYTES
-    if "redop" in root.attrs:
+    # Read in the C++ loader's order, so that the first bad attribute is the same one.
+    header = {
+        "name": root.attrs["name"],
+        "proto": r.enum_attr(root, "proto", PROTOCOLS, "protocol") if "proto" in root.attrs else LEGACY_DEFAULT_PROTO,
+        "nchannels": r.int_attr(root, "nchannels", 1),
+        "nchunksperloop": r.int_attr(root, "nchunksperloop", 1),
+        "ngpus": r.int_attr(root, "ngpus", 1),
+        "coll": _parse_coll(r, root),
+        "inplace": r.flag_attr(root, "inplace"),
+    }
+    header["outofplace"] = r.flag_attr(root, "outofplace") if "outofplace" in root.attrs else not header["inplace"]
+    header["min_bytes"] = r.int_attr(root, "minBytes", 0, 64) if "minBytes" in root.attrs else LEGACY_DEFAULT_MIN_BYTES
+    header["max_bytes"] = r.int_attr(root, "maxBytes", 0, 64) if "maxBytes" in root.attrs else LEGACY_DEFAULT_MAX_BYTES
+    if r.dialect == "legacy" and "redop" in root.attrs:
         r.enum_attr(root, "redop", ("sum", "prod", "max", "min", "nop"), "reduction operator")
-    if "nthreads" in root.attrs:
+    if r.dialect == "legacy" and "nthreads" in root.attrs:
         r.int_attr(root, "nthreads", 0)
+    return header
 
+
+def _parse_coll(r: _Reader, root: _Node) -> str:
+    raw = root.attrs["coll"]
+    if r.dialect == "legacy" and raw == "reduce_scatter":
+        return "reducescatter"
+    if raw == "reduce_scatter":
+        raise r.error(root, "coll", "'reduce_scatter' is the legacy spelling; the executor dialect wants 'reducescatter'")
+    if raw in UNSUPPORTED_COLLECTIVES:
+        raise r.error(root, "coll", f"mlopt does not support the collective {raw!r} (the MSCCL executor runs it; "
+                                    f"mlopt models {', '.join(COLLECTIVES)})", "unsupported")
+    return r.enum_attr(root, "coll", COLLECTIVES, "collective")
+
+
+def _parse_gpus(r: _Reader, root: _Node, ngpus: int, nchannels: int) -> tuple[Gpu, ...]:
     gpus: dict[int, Gpu] = {}
-    for gpos, gnode in enumerate(r.children(root, "gpu")):
-        gnode.path = f"{root.path}/{_label(gnode, 'id', gpos)}"
+    for gnode in r.children(root, "id"):
         gpu = _parse_gpu(r, gnode, ngpus, nchannels)
         if gpu.id in gpus:
-            raise r.error(gnode, "id", f"duplicate gpu id {gpu.id}")
+            raise r.structure_error(gnode, "id", f"duplicate gpu id {gpu.id}")
         gpus[gpu.id] = gpu
-    missing = [g for g in range(ngpus) if g not in gpus]
-    if missing:
-        raise r.error(root, "ngpus", f"ngpus={ngpus} but there is no <gpu> with id {_ids(missing)}")
-    return Program(
-        name=name,
-        proto=proto,
-        nchannels=nchannels,
-        nchunksperloop=nchunksperloop,
-        ngpus=ngpus,
-        coll=coll,
-        inplace=inplace,
-        outofplace=outofplace,
-        min_bytes=min_bytes,
-        max_bytes=max_bytes,
-        gpus=tuple(gpus[g] for g in range(ngpus)),
-    )
+    if len(gpus) < ngpus:  # ids are distinct and below ngpus: some are missing; list a few, in O(len(gpus))
+        missing = [g for g in range(len(gpus) + 8) if g not in gpus and g < ngpus][:8]
+        raise r.structure_error(root, "ngpus", f"ngpus={ngpus} but there is no <gpu> with id "
+                                               f"{_ids(missing, ngpus - len(gpus))}")
+    return tuple(gpus[g] for g in range(ngpus))
 
 
-def _ids(values: list[int]) -> str:
-    shown = ", ".join(str(v) for v in values[:8])
-    return shown + (f" (and {len(values) - 8} more)" if len(values) > 8 else "")
+def _ids(shown: list[int], total: int) -> str:
+    text = ", ".join(str(v) for v in shown[:8])
+    return text + (f" (and {total - 8} more)" if total > 8 else "")
 
 
 def _parse_gpu(r: _Reader, node: _Node, ngpus: int, nchannels: int) -> Gpu:
     r.check_attrs(node, GPU_ATTRS)
     gid = r.int_attr(node, "id", 0)
     if gid >= ngpus:
-        raise r.error(node, "id", f"gpu id {gid} out of range 0..{ngpus - 1} (ngpus={ngpus})")
+        raise r.structure_error(node, "id", f"gpu id {gid} out of range 0..{ngpus - 1} (ngpus={ngpus})")
     i_chunks = r.int_attr(node, "i_chunks", 0)
     o_chunks = r.int_attr(node, "o_chunks", 0)
     s_chunks = r.int_attr(node, "s_chunks", 0)
     tbs: dict[int, Threadblock] = {}
-    for tpos, tnode in enumerate(r.children(node, "tb")):
-        tnode.path = f"{node.path}/{_label(tnode, 'id', tpos)}"
+    for tnode in r.children(node, "id"):
         tb = _parse_tb(r, tnode, gid, ngpus, nchannels)
         if tb.id in tbs:
-            raise r.error(tnode, "id", f"duplicate tb id {tb.id} on gpu {gid}")
+            raise r.structure_error(tnode, "id", f"duplicate tb id {tb.id} on gpu {gid}")
         tbs[tb.id] = tb
     missing = [t for t in range(len(tbs)) if t not in tbs]
     if missing:
-        raise r.error(node, None, f"tb ids must be 0..{len(tbs) - 1}; missing {_ids(missing)}")
+        raise r.structure_error(node, None, f"tb ids must be 0..{len(tbs) - 1}; missing {_ids(missing, len(missing))}")
+    r.lines[(gid,)] = node.line
     return Gpu(gid, i_chunks, o_chunks, s_chunks, tuple(tbs[t] for t in range(len(tbs))))
 
 
@@ -326,28 +395,30 @@ def _parse_tb(r: _Reader, node: _Node, gid: int, ngpus: int, nchannels: int) -> 
     for attr in ("send", "recv"):
         peer = r.int_attr(node, attr, -1)
         if peer >= ngpus:
-            raise r.error(node, attr, f"peer {peer} out of range (-1 or 0..{ngpus - 1})")
+            raise r.structure_error(node, attr, f"peer {peer} out of range (-1 or 0..{ngpus - 1})")
         if peer == gid:
-            raise r.error(node, attr, f"peer {peer} is the gpu itself")
+            raise r.structure_error(node, attr, f"peer {peer} is the gpu itself")
         peers[attr] = peer
     chan = r.int_attr(node, "chan", 0)
     if chan >= nchannels:
-        raise r.error(node, "chan", f"channel {chan} is not below nchannels={nchannels}")
-    for attr in LEGACY_IGNORED_TB:
+        raise r.structure_error(node, "chan", f"channel {chan} is not below nchannels={nchannels}")
+    for attr in LEGACY_IGNORED_TB if r.dialect == "legacy" else ():
         if attr in node.attrs:
             r.enum_attr(node, attr, ("p2p", "shm", "nic"), "connection type")
     steps = []
-    for spos, snode in enumerate(r.children(node, "step")):
-        snode.path = f"{node.path}/{_label(snode, 's', spos)}"
-        steps.append(_parse_step(r, snode, spos))
+    for position, snode in enumerate(r.children(node, "s")):
+        steps.append(_parse_step(r, snode, position))
+        r.lines[(gid, tid, position)] = snode.line
+    r.lines[(gid, tid)] = node.line
     return Threadblock(tid, peers["send"], peers["recv"], chan, tuple(steps))
 
 
 def _parse_step(r: _Reader, node: _Node, position: int) -> Step:
     r.check_attrs(node, STEP_ATTRS)
+    r.children(node, "")  # none allowed
     s = r.int_attr(node, "s")
     if s != position:
-        raise r.error(
+        raise r.structure_error(
             node, "s", f"s={s} but this is step {position} of its threadblock (steps are numbered by position)"
         )
     return Step(
@@ -455,88 +526,18 @@ def save_program(program: Program, path: str | os.PathLike, dialect: str = "exec
 def check_limits(program: Program) -> list[str]:
     """What the executor would refuse or mis-run that is not about one attribute's value, one line each.
 
-    Limits (msccl_struct.h): at most 64 steps per threadblock, 32 channels, cnt below 72, 32 threadblocks
-    sending (receiving) per channel on one GPU. Structure (for programs built in code; the parser enforces the
-    same): gpu ids 0..ngpus-1 in order, tb ids 0..n-1 in order, s = position, chan < nchannels, peers valid.
-    Executor rules (msccl_parser.cc): a sending step needs send != -1, a receiving one recv != -1; a nop is not
-    stored, so a nop without a dependency shifts the numbering of later steps, its hasdep never signals, its
-    dependency is carried by the next non-nop step, which must itself have a dependency, and the dependencies
-    of trailing nops are dropped. One NCCL connection per (peer, channel): two threadblocks of one GPU sending
-    to (receiving from) the same peer on the same channel would share a FIFO.
+    Limits (msccl_struct.h): at most 64 steps per threadblock, 32 channels, cnt below 72, buffers of at most
+    32768 chunks (16-bit offsets), 32 threadblocks sending (receiving) per channel on one GPU. Structure (for
+    programs built in code; the parser enforces the same): gpu ids 0..ngpus-1 in order, tb ids 0..n-1 in order,
+    s = position, chan < nchannels, peers valid. Executor rules (msccl_parser.cc): a sending step needs
+    send != -1, a receiving one recv != -1; a nop is not stored, so a nop without a dependency shifts the
+    numbering of later steps, its hasdep never signals, its dependency is carried by the next non-nop step,
+    which must itself have a dependency, and the dependencies of trailing nops are dropped. One NCCL connection
+    per (peer, channel): two threadblocks of one GPU sending to (receiving from) the same peer on the same
+    channel would share a FIFO. These are groups 1-4 of mlopt.formats.msccl_contract, all problems listed.
     """
-    p = program
-    out: list[str] = []
-    if p.nchannels > MAX_CHANNELS:
-        out.append(f"nchannels={p.nchannels} exceeds the executor's {MAX_CHANNELS} channels")
-    if p.ngpus != len(p.gpus):
-        out.append(f"ngpus={p.ngpus} but the program has {len(p.gpus)} gpus")
-    for gpos, gpu in enumerate(p.gpus):
-        g = gpu.id
-        if gpu.id != gpos:
-            out.append(f"gpu at position {gpos} has id {gpu.id} (gpu ids must be 0..ngpus-1 in order)")
-        senders: dict[tuple[int, int], list[int]] = defaultdict(list)
-        receivers: dict[tuple[int, int], list[int]] = defaultdict(list)
-        for tpos, tb in enumerate(gpu.tbs):
-            where = f"gpu {g} tb {tb.id}"
-            if tb.id != tpos:
-                out.append(f"gpu {g}: tb at position {tpos} has id {tb.id} (tb ids must be 0..n-1 in order)")
-            if len(tb.steps) > MAX_STEPS_PER_THREADBLOCK:
-                out.append(
-                    f"{where}: {len(tb.steps)} steps, the executor allows at most {MAX_STEPS_PER_THREADBLOCK} "
-                    "per threadblock"
-                )
-            if not 0 <= tb.chan < p.nchannels:
-                out.append(f"{where}: channel {tb.chan} is not in 0..nchannels-1 (nchannels={p.nchannels})")
-            for attr, peer in (("send", tb.send), ("recv", tb.recv)):
-                if peer < -1 or peer >= p.ngpus or peer == g:
-                    out.append(f"{where}: {attr} peer {peer} is not -1 or another gpu")
-            if tb.send >= 0:
-                senders[(tb.send, tb.chan)].append(tb.id)
-            if tb.recv >= 0:
-                receivers[(tb.recv, tb.chan)].append(tb.id)
-            pending_nop_deps = False
-            for spos, st in enumerate(tb.steps):
-                at = f"{where} step {spos} ({st.type})"
-                if st.s != spos:
-                    out.append(f"{at}: s={st.s}, steps must be numbered by position")
-                if st.cnt >= MAX_STEP_COUNT:
-                    out.append(f"{at}: cnt={st.cnt}, the executor needs cnt below {MAX_STEP_COUNT}")
-                if st.cnt < 0:
-                    out.append(f"{at}: cnt={st.cnt} is negative")
-                if st.type in SENDING_STEPS and tb.send == -1:
-                    out.append(f"{at}: sends but the threadblock has send=-1")
-                if st.type in RECEIVING_STEPS and tb.recv == -1:
-                    out.append(f"{at}: receives but the threadblock has recv=-1")
-                if st.type == "nop":
-                    if st.depid < 0:
-                        out.append(
-                            f"{at}: nop without a dependency; the executor drops it and numbers the later steps "
-                            "one lower"
-                        )
-                    else:
-                        pending_nop_deps = True
-                    if st.hasdep:
-                        out.append(f"{at}: nop with hasdep=1; the executor does not store nops, so it never signals")
-                elif pending_nop_deps:
-                    if st.depid < 0:
-                        out.append(
-                            f"{at}: follows nop dependencies but has no dependency itself; the executor rejects this"
-                        )
-                    pending_nop_deps = False
-            if pending_nop_deps:
-                out.append(f"{where}: ends with nop dependencies that the executor drops (no step after them)")
-        for kind, table in (("send to", senders), ("receive from", receivers)):
-            per_channel: dict[int, int] = defaultdict(int)
-            for (peer, chan), tbs in sorted(table.items()):
-                per_channel[chan] += len(tbs)
-                if len(tbs) > 1:
-                    out.append(
-                        f"gpu {g}: tbs {', '.join(map(str, tbs))} all {kind} gpu {peer} on channel {chan}; "
-                        f"one connection per (peer, channel) allows one threadblock"
-                    )
-            for chan, count in sorted(per_channel.items()):
-                if count > MAX_TBS_PER_CHANNEL:
-                    out.append(
-                        f"gpu {g}: {count} threadblocks {kind} peers on channel {chan}, at most {MAX_TBS_PER_CHANNEL}"
-                    )
+    out = []
+    for problem in limit_problems(program):
+        where = label(program, problem.where)
+        out.append(f"{where}: {problem.message}" if where else problem.message)
     return out

@@ -110,9 +110,31 @@ def save_plan(plan: Plan, path: str | os.PathLike, record_wall_time: bool = Fals
     write_json(path, plan.to_dict(record_wall_time))
 
 
-def plan_from_dict(doc: Any, source: str = "<plan>") -> PlanFile:
+# The committed schema of each planner's payload: the fields its validator, the simulator and the runtime read
+# (types, ranges, required keys), so that a mistyped or missing field is refused naming its JSON path instead
+# of surfacing as a KeyError deep inside a replay. Kinds without one are checked by their validator alone.
+PAYLOAD_SCHEMAS = {"memory": "memory-payload.schema.json", "threads": "threads-payload.schema.json",
+                   "schedule": "schedule-payload.schema.json", "collective": "collective-payload.schema.json"}
+
+
+def check_payload(kind: str, payload: Any, source: str) -> None:
+    """InputError naming `$.payload...` when a payload breaks its kind's schema."""
+    name = PAYLOAD_SCHEMAS.get(kind)
+    if name is not None:
+        document.validate_against(payload, document.load_schema_file(name), source, prefix="$.payload")
+
+
+def envelope_from_dict(doc: Any, source: str = "<plan>") -> PlanFile:
+    """The plan with its envelope checked but not its payload: for code that only sorts plans by kind (an
+    index's listing, the simulator's classification), so that one bad payload is reported where it is used."""
     document.check_document(doc, document.PLAN, source)
     return PlanFile(doc["kind"], doc["provenance"], doc["payload"])
+
+
+def plan_from_dict(doc: Any, source: str = "<plan>") -> PlanFile:
+    plan = envelope_from_dict(doc, source)
+    check_payload(plan.kind, plan.payload, source)
+    return plan
 
 
 def load_plan(path: str | os.PathLike) -> PlanFile:

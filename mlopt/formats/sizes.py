@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 from mlopt.errors import InputError
@@ -12,6 +13,7 @@ UNITS = {
     "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40,
     "K": 2**10, "M": 2**20, "G": 2**30,  # nccl-tests' -b/-e shorthand is binary
 }
+MAX_SIZE_BYTES = 2**53  # exactly representable as a float; far beyond any machine's memory
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*$")
 
 
@@ -22,6 +24,8 @@ def parse_size(text: str, source: str = "--size") -> int:
     if not m or unit not in UNITS:
         raise InputError(source, "$", f"{text!r} is not a size like 1GiB, 64MiB, 32KB or 4096")
     value = float(m.group(1)) * UNITS[unit]
+    if not math.isfinite(value) or value > MAX_SIZE_BYTES:  # 1e400 reads as infinity; int() of it would crash
+        raise InputError(source, "$", f"{text!r} is beyond 2**53 bytes (8 PiB), larger than any buffer")
     if value < 1 or value != int(value):
         raise InputError(source, "$", f"{text!r} is not a whole positive number of bytes")
     return int(value)
@@ -40,7 +44,10 @@ def parse_size_range(text: str, source: str = "--sizes", factor: int = 4) -> lis
         if sizes[-1] != hi:
             sizes.append(hi)
         return sizes
-    return [parse_size(part, source) for part in text.split(",") if part.strip()]
+    sizes = [parse_size(part, source) for part in text.split(",") if part.strip()]
+    if not sizes:
+        raise InputError(source, "$", f"{text!r} names no size")
+    return sizes
 
 
 def format_size(n: int) -> str:

@@ -393,3 +393,36 @@ def apply_resolve(checks: list[PlanCheck], differences: dict[str, str]) -> None:
             target = checks[0]
             why = f"{committed}: {why}"
         target.stale.append(why)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# plans used with inputs: `mlopt validate PLAN --model ...`, `mlopt simulate PLAN --model ...`
+
+
+def recorded_inputs_of(path: str | os.PathLike) -> tuple[str, dict[str, Any]] | None:
+    """(JSON path of the recorded input hashes, the hashes) of a plan or plan index file; None for any other
+    file (a trace, a topology, an XML). The file was loaded and checked before (load_any)."""
+    if not str(path).endswith((".json", ".json.gz")):
+        return None
+    doc = read_document(path)
+    fmt = document.format_of(doc)
+    if fmt == document.PLAN.name and isinstance(doc.get("provenance"), dict):
+        return "$.provenance.inputs", doc["provenance"].get("inputs") or {}
+    if fmt == document.PLAN_INDEX.name:
+        return "$.inputs", doc.get("inputs") or {}
+    return None
+
+
+def changed_inputs(path: str | os.PathLike, given: dict[str, str | None]) -> list[tuple[str, str]]:
+    """(JSON path, line) for each input given now (model, topology) whose sha256 differs from the one the plan
+    or index at `path` recorded. Inputs the file does not record, or that are not given now, are not compared:
+    validate and simulate take only what they need."""
+    recorded = recorded_inputs_of(path)
+    if recorded is None:
+        return []
+    where, hashes = recorded
+    named = {name: value for name, value in given.items() if value is not None and name in hashes}
+    current = input_hashes(named)
+    return [(f"{where}.{name}", f"input {name} ({named[name]}) is not the one it was made for (sha256 "
+                                f"{_short(hashes[name])} recorded, {_short(current[name])} given)")
+            for name in sorted(named) if hashes[name] != current[name]]

@@ -125,6 +125,14 @@ class Topology:
     switches: tuple[Switch, ...] = ()
     nics: tuple[Nic, ...] = ()
     source: dict[str, Any] = field(default_factory=dict)  # preset/generator/importer that made it
+    # Fixed cost of one collective call, paid once per program run on top of its messages (starting the run on
+    # every rank: the runtime's threads, its handshake). A profile measures it as the fit's overhead term
+    # (linkfit's "taccl+overhead" model); presets leave it 0, as TACCL's alpha-beta model has none.
+    call_overhead_us: float = 0.0
+    # Rate at which a rank adds a received chunk into its buffer (rrc, rrs, rrcs), GB/s; None: free, as TACCL
+    # models GPUs that reduce while the data streams in. A runtime profile measures it (CPU ranks reduce after
+    # the data arrived, in the receiving thread).
+    reduce_GBps: float | None = None
 
     @property
     def num_ranks(self) -> int:
@@ -150,6 +158,8 @@ class Topology:
             "links": [l.to_dict() for l in self.links],
             "switches": [s.to_dict() for s in self.switches],
             "nics": [n.to_dict() for n in self.nics],
+            **({"call_overhead_us": self.call_overhead_us} if self.call_overhead_us else {}),
+            **({"reduce_GBps": self.reduce_GBps} if self.reduce_GBps is not None else {}),
         }
 
     @staticmethod
@@ -162,6 +172,8 @@ class Topology:
             switches=tuple(Switch.from_dict(s) for s in d.get("switches", ())),
             nics=tuple(Nic.from_dict(n) for n in d.get("nics", ())),
             source=d.get("source", {}),
+            call_overhead_us=float(d.get("call_overhead_us", 0.0)),
+            reduce_GBps=float(d["reduce_GBps"]) if d.get("reduce_GBps") is not None else None,
         )
         validate_topology(topo, source)
         return topo
@@ -169,6 +181,10 @@ class Topology:
 
 def validate_topology(topo: Topology, source: str = "<topology>") -> None:
     """References and ranges the schema cannot check."""
+    if not (math.isfinite(topo.call_overhead_us) and topo.call_overhead_us >= 0):
+        raise InputError(source, "$.call_overhead_us", f"must be a finite number >= 0, got {topo.call_overhead_us}")
+    if topo.reduce_GBps is not None and not (math.isfinite(topo.reduce_GBps) and topo.reduce_GBps > 0):
+        raise InputError(source, "$.reduce_GBps", f"must be a finite number > 0, got {topo.reduce_GBps}")
     seen: dict[int, str] = {}
     for i, node in enumerate(topo.nodes):
         for j, r in enumerate(node.ranks):
@@ -219,6 +235,28 @@ def validate_topology(topo: Topology, source: str = "<topology>") -> None:
                 raise InputError(source, f"{where}.{key}", f"unknown NIC {name!r}")
             if rank not in nics[name].ranks:
                 raise InputError(source, f"{where}.{key}", f"rank {rank} does not use NIC {name!r}")
+
+
+def unreachable_ranks(topo: Topology) -> list[int]:
+    """Ranks not strongly connected with rank 0 over the topology's directed links (no collective over all ranks
+    exists when there is one)."""
+    forward: dict[int, set[int]] = {}
+    backward: dict[int, set[int]] = {}
+    for link in topo.links:
+        forward.setdefault(link.src, set()).add(link.dst)
+        backward.setdefault(link.dst, set()).add(link.src)
+    both = _reachable(forward, 0) & _reachable(backward, 0)
+    return [r for r in range(topo.num_ranks) if r not in both]
+
+
+def _reachable(edges: dict[int, set[int]], start: int) -> set[int]:
+    seen, stack = {start}, [start]
+    while stack:
+        for nxt in edges.get(stack.pop(), ()):
+            if nxt not in seen:
+                seen.add(nxt)
+                stack.append(nxt)
+    return seen
 
 
 def save_topology(topo: Topology, path: str | os.PathLike) -> None:

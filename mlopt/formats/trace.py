@@ -261,8 +261,54 @@ def _find_cycle(ops: tuple[Op, ...], edges: dict[int, set[int]]) -> list[int] | 
     return None
 
 
+# Byte counts beyond 2**53 cannot be represented exactly as floats (the planners' arithmetic) and exceed any
+# machine's memory by orders of magnitude: such a count is a corrupted or mistyped field, not a tensor.
+MAX_BYTES = 2**53
+
+
+def _check_sizes(trace: ModelTrace, source: str) -> None:
+    for i, t in enumerate(trace.tensors):
+        if t.bytes > MAX_BYTES:
+            raise InputError(source, f"$.tensors[{i}].bytes", f"{t.bytes} bytes is beyond 2**53 (8 PiB)")
+    for i, op in enumerate(trace.ops):
+        names: set[str] = set()
+        for j, impl in enumerate(op.implementations):
+            if impl.name in names:
+                raise InputError(source, f"$.ops[{i}].implementations[{j}].name",
+                                 f"op {op.id} has two implementations named {impl.name!r}")
+            names.add(impl.name)
+            if impl.workspace_bytes > MAX_BYTES:
+                raise InputError(source, f"$.ops[{i}].implementations[{j}].workspace_bytes",
+                                 f"{impl.workspace_bytes} bytes is beyond 2**53 (8 PiB)")
+        if op.comm is not None and isinstance(op.comm.bytes, int) and op.comm.bytes > MAX_BYTES:
+            raise InputError(source, f"$.ops[{i}].comm.bytes", f"{op.comm.bytes} bytes is beyond 2**53 (8 PiB)")
+
+
+def _check_ranks(trace: ModelTrace, source: str) -> None:
+    """The trace's rank and every process group's ranks lie in 0..world_size-1; group names are unique."""
+    if not 0 <= trace.rank < trace.world_size:
+        raise InputError(source, "$.rank", f"rank {trace.rank} is outside the world of {trace.world_size} "
+                                           f"rank(s) (0..{trace.world_size - 1})")
+    names: dict[str, int] = {}
+    for i, group in enumerate(trace.process_groups):
+        if group.name in names:
+            raise InputError(source, f"$.process_groups[{i}].name",
+                             f"process group {group.name!r} is also $.process_groups[{names[group.name]}]")
+        names[group.name] = i
+        for j, r in enumerate(group.ranks):
+            if r >= trace.world_size:
+                raise InputError(source, f"$.process_groups[{i}].ranks[{j}]",
+                                 f"rank {r} of group {group.name!r} is outside the world of {trace.world_size} "
+                                 f"rank(s) (0..{trace.world_size - 1})")
+
+
 def validate_trace(trace: ModelTrace, source: str = "<trace>") -> None:
-    """Semantic checks the schema cannot express: references, ordering, acyclicity, a permute's pairs."""
+    """Semantic checks the schema cannot express: references, ordering, acyclicity, a permute's pairs, ranks
+    inside the world, sizes a machine can hold."""
+    if not trace.ops:
+        raise InputError(source, "$.ops", "the trace has no ops: a training step runs at least one")
+    _check_ranks(trace, source)
+    _check_sizes(trace, source)
     tensors: dict[int, Tensor] = {}
     for i, t in enumerate(trace.tensors):
         if t.id in tensors:
@@ -298,6 +344,10 @@ def validate_trace(trace: ModelTrace, source: str = "<trace>") -> None:
             edges.setdefault(dep, set()).add(op.id)
         if op.forward_op is not None and op.forward_op not in op_index:
             raise InputError(source, f"{where}.forward_op", f"op {op.id} pairs with unknown op {op.forward_op}")
+        if op.forward_op is not None and trace.ops[op_index[op.forward_op]].role != "forward":
+            paired = trace.ops[op_index[op.forward_op]]
+            raise InputError(source, f"{where}.forward_op", f"op {op.id} pairs with op {paired.id} "
+                                                            f"({paired.name}), a {paired.role} op, not a forward op")
         if op.role == "comm" and op.comm is None:
             raise InputError(source, f"{where}.comm", f"comm op {op.id} ({op.name}) has no collective")
         if op.comm is not None and groups and op.comm.group not in groups:

@@ -172,9 +172,11 @@ def _topology(name: str, ranks: list[int], classes: list[LinkClass], transport: 
 # CPU: threads through the runtime
 
 
-def transfer_program(nranks: int, src: int, dst: int, chunks: int, seq: bool) -> str:
+def transfer_program(nranks: int, src: int, dst: int, chunks: int, seq: bool, receive: str = "r") -> str:
     """MSCCL-EF XML: rank src sends `chunks` chunks to rank dst, in `chunks` steps (seq) or one step of
-    cnt=chunks; the other ranks idle. A broadcast-shaped program (i_chunks = o_chunks = nchunksperloop)."""
+    cnt=chunks; the other ranks idle. A broadcast-shaped program (i_chunks = o_chunks = nchunksperloop).
+    receive="rrc": the receiver adds what arrives to its own input chunks instead of copying it (the reduce
+    probe: its extra time over "r" is the rank's reduction cost)."""
     pieces = [(k, 1) for k in range(chunks)] if seq else [(0, chunks)]
 
     def steps(kind: str) -> str:
@@ -187,9 +189,9 @@ def transfer_program(nranks: int, src: int, dst: int, chunks: int, seq: bool) ->
         if g == src:
             tbs = f'<tb id="0" send="{dst}" recv="-1" chan="0">{steps("s")}</tb>'
         elif g == dst:
-            tbs = f'<tb id="0" send="-1" recv="{src}" chan="0">{steps("r")}</tb>'
+            tbs = f'<tb id="0" send="-1" recv="{src}" chan="0">{steps(receive)}</tb>'
         gpus.append(f'<gpu id="{g}" i_chunks="{chunks}" o_chunks="{chunks}" s_chunks="0">{tbs}</gpu>')
-    name = f"profile {src}->{dst} {chunks}x{'seq' if seq else 'one'}"
+    name = f"profile {src}->{dst} {chunks}x{'seq' if seq else 'one'}" + (f" {receive}" if receive != "r" else "")
     return (f'<algo name="{name}" proto="Simple" nchannels="1" nchunksperloop="{chunks}" ngpus="{nranks}" '
             f'coll="broadcast" inplace="0" outofplace="1" minBytes="0" maxBytes="1099511627776">'
             + "".join(gpus) + "</algo>")
@@ -226,11 +228,11 @@ class _ThreadsRunner(_Runner):
         self._checked: set[tuple] = set()
         self._warm = False
 
-    def _plan(self, src, dst, chunks, seq):
-        key = (src, dst, chunks, seq)
+    def _plan(self, src, dst, chunks, kind):
+        key = (src, dst, chunks, kind)
         if key not in self._plans:
-            xml = transfer_program(self.nranks, src, dst, chunks, seq)
-            self._plans[key] = self._native.Plan.from_bytes(xml, f"profile-{src}-{dst}-{chunks}-{int(seq)}.xml")
+            xml = transfer_program(self.nranks, src, dst, chunks, kind == "seq", _receive_step(kind))
+            self._plans[key] = self._native.Plan.from_bytes(xml, f"profile-{src}-{dst}-{chunks}-{kind}.xml")
         return self._plans[key]
 
     def _bufs(self, nbytes: int):
@@ -246,7 +248,7 @@ class _ThreadsRunner(_Runner):
         return [x[:count] for x in inputs], [x[:count] for x in outputs]
 
     def time_us(self, src, dst, kind, chunks, chunk_bytes):
-        plan = self._plan(src, dst, chunks, kind == "seq")
+        plan = self._plan(src, dst, chunks, kind)
         inputs, outputs = self._bufs(chunks * chunk_bytes)
         if not self._warm:  # a fresh communicator's first runs are slow (threads start, pages fault)
             for _ in range(WARMUP_RUNS):
@@ -256,7 +258,7 @@ class _ThreadsRunner(_Runner):
         if key not in self._checked:  # warm-up run, checked
             outputs[dst][...] = 0
             self.comm.run(plan, inputs, outputs)
-            if not (outputs[dst] == src + 1).all():
+            if not (outputs[dst] == _delivered(kind, src, dst)).all():
                 raise ProfileError(f"runtime transfer {src}->{dst} ({kind}, {chunks} x {chunk_bytes} B) "
                                    f"delivered wrong data")
             self._checked.add(key)
@@ -468,18 +470,20 @@ def _runtime_worker_main(rank: int, nranks: int, address: str, conn,
             msg = conn.recv()
             if msg[0] == "stop":
                 break
-            _, src, dst, seq, chunks, chunk_bytes, check = msg
-            key = (src, dst, chunks, seq)
+            _, src, dst, kind, chunks, chunk_bytes, check = msg
+            key = (src, dst, chunks, kind)
             if key not in plans:
-                plans[key] = native.Plan.from_bytes(transfer_program(nranks, src, dst, chunks, seq),
-                                                    f"profile-{src}-{dst}-{chunks}-{int(seq)}.xml")
+                plans[key] = native.Plan.from_bytes(
+                    transfer_program(nranks, src, dst, chunks, kind == "seq", _receive_step(kind)),
+                    f"profile-{src}-{dst}-{chunks}-{kind}.xml")
             count = chunks * chunk_bytes // 4
             if check:
                 sink[:count] = 0
             comm.run(sync, sync_in, sync_out)  # every rank leaves it within microseconds of the others
+            started = time.perf_counter()  # the whole call, as a job's collective pays it (not only the C run)
             comm.run(plans[key], source[:count], sink[:count])
-            wall_us = comm.last_stats().wall_us
-            ok = not check or rank != dst or bool((sink[:count] == src + 1).all())
+            wall_us = (time.perf_counter() - started) * 1e6
+            ok = not check or rank != dst or bool((sink[:count] == _delivered(kind, src, dst)).all())
             conn.send((wall_us, ok))
         for plan in plans.values():
             plan.close()
@@ -487,7 +491,8 @@ def _runtime_worker_main(rank: int, nranks: int, address: str, conn,
 
 class _RuntimeRunner(_Runner):
     """`runtime`: one process per rank over the runtime's multi-process communicator; the time of one
-    experiment is the receiver's wall_us of the transfer program, run right after a synchronising allreduce."""
+    experiment is the receiver's ProcessComm.run call of the transfer program (what a job's collective call
+    costs, the Python binding included), run right after a synchronising allreduce."""
 
     def __init__(self, nranks: int, max_bytes: int):
         super().__init__(nranks, max_bytes)
@@ -518,7 +523,7 @@ class _RuntimeRunner(_Runner):
         key = (src, dst, kind, chunks, chunk_bytes)
         check = key not in self._checked
         for c in self.conns:
-            c.send(("run", src, dst, kind == "seq", chunks, chunk_bytes, check))
+            c.send(("run", src, dst, kind, chunks, chunk_bytes, check))
         results = []
         for c in self.conns:
             if not c.poll(60):
@@ -548,6 +553,20 @@ def _stop_workers(conns, procs, join_s: float) -> None:
             p.join(5)
 
 
+RUNTIME_TRANSPORTS = ("threads", "runtime")  # transports whose experiments are runs of mlopt's runtime
+REDUCE_KIND = "reduce"  # the reduce probe's experiment kind (runtime transports): "one" received with rrc
+REDUCE_PROBE_BYTES = 4 << 20  # the reduce probe's message, at least (float32 sums of 1M elements: tens of us)
+
+
+def _receive_step(kind: str) -> str:
+    return "rrc" if kind == REDUCE_KIND else "r"
+
+
+def _delivered(kind: str, src: int, dst: int) -> float:
+    """What the receiver's output holds after a transfer (every rank's input is rank + 1)."""
+    return (src + 1) + (dst + 1) if kind == REDUCE_KIND else src + 1
+
+
 def _runner(transport: str, nranks: int, max_bytes: int) -> _Runner:
     if transport == "threads":
         return _ThreadsRunner(nranks, max_bytes)
@@ -558,7 +577,8 @@ def _runner(transport: str, nranks: int, max_bytes: int) -> _Runner:
 
 def measure_cpu(transport: str, nranks: int, sizes: Sequence[int], chunks: Sequence[int], repeats: int,
                 progress: Progress | None = None) -> Measurements:
-    """TACCL's experiments for every ordered pair of `nranks` ranks over a CPU transport.
+    """TACCL's experiments for every ordered pair of `nranks` ranks over a CPU transport, and on the runtime
+    transports the reduce probe (`m.reduce_probe`, see `_reduce_probe`).
 
     Repeats are interleaved (every experiment once, then again ...) so that drift of a shared machine
     spreads over all experiments instead of biasing some.
@@ -566,7 +586,9 @@ def measure_cpu(transport: str, nranks: int, sizes: Sequence[int], chunks: Seque
     exps = linkfit.experiments(chunks, sizes)
     pairs = _pairs(nranks)
     total = len(pairs) * len(exps) * repeats
-    max_bytes = max(n * s for _, n, s in exps)
+    probe = transport in RUNTIME_TRANSPORTS
+    probe_bytes = max(REDUCE_PROBE_BYTES, max(sizes))  # large enough that the reduction shows above the noise
+    max_bytes = max(max(n * s for _, n, s in exps), probe_bytes if probe else 0)
     times: dict[tuple, list[float]] = {}
     done = 0
     runner = _runner(transport, nranks, max_bytes)
@@ -578,12 +600,29 @@ def measure_cpu(transport: str, nranks: int, sizes: Sequence[int], chunks: Seque
                     done += 1
                     if progress:
                         progress(done, total, f"{transport} {a}->{b} {kind} {n}x{s}B (repeat {r + 1}/{repeats})")
+        probed = _reduce_probe(runner, probe_bytes, repeats) if probe else None
     finally:
         runner.close()
-    m = Measurements()
+    m = Measurements(reduce_probe=probed)
     for (a, b, kind, n, s), ts in times.items():
         m.add((a, b), Sample(kind, n, s, tuple(ts)))
     return m
+
+
+def _reduce_probe(runner: _Runner, nbytes: int, repeats: int) -> dict[str, Any]:
+    """Rank 1's time to receive `nbytes` from rank 0 in one message, plainly ("one") and adding it to its own
+    input (rrc), interleaved over `repeats` (at least 5); the difference of the medians is what reducing those
+    bytes costs a rank, so reduce_GBps = nbytes / that (None when it is not positive: free within the noise).
+    CPU ranks reduce in the receiving thread, after the data arrived, unlike MSCCL's streaming reduction."""
+    plain, reducing = [], []
+    for _ in range(max(5, repeats)):
+        plain.append(runner.time_us(0, 1, "one", 1, nbytes))
+        reducing.append(runner.time_us(0, 1, REDUCE_KIND, 1, nbytes))
+    receive_us, reduce_us = _median(plain), _median(reducing)
+    extra_us = reduce_us - receive_us
+    rate = nbytes / extra_us / 1e3 if extra_us > 0 else None
+    return {"bytes": nbytes, "receive_us": receive_us, "receive_and_reduce_us": reduce_us,
+            "reduce_GBps": rate, "repeats": max(5, repeats)}
 
 
 def profile_cpu(options: ProfileOptions, progress: Progress | None = None) -> Profile:
@@ -602,7 +641,8 @@ def profile_cpu(options: ProfileOptions, progress: Progress | None = None) -> Pr
                            "runtime": "processes joined by the runtime's multi-process communicator "
                                       "(shared memory)"}[transport],
              "timer": {"threads": "mlopt_run_stats.wall_us",
-                       "runtime": "the receiver's mlopt_run_stats.wall_us after a synchronising run"}.get(
+                       "runtime": "the receiver's ProcessComm.run call (time.perf_counter) after a synchronising "
+                                  "run"}.get(
                            transport, "time.perf_counter in the sender")}
     fits = m.fits(overhead=overhead)
     classes = linkfit.group_links(fits, hints, options.beta_tol, options.alpha_tol, options.alpha_abs_us,
@@ -616,8 +656,17 @@ def profile_cpu(options: ProfileOptions, progress: Progress | None = None) -> Pr
         sw = Switch(f"node0/{transport}", "generic", tuple(ranks), 0.0, classes[0].fit.beta_us_per_MB)
     extra["switch"] = ("links share node0/" + transport + ": each rank's port runs at the fastest class's beta "
                        "(concurrent transfers of one rank share it); measurements were taken one pair at a time")
+    runs_the_runtime = transport in RUNTIME_TRANSPORTS  # the harness is the runtime a job's collectives run on:
+    # its per-run cost is every collective call's (the other transports' overhead is their Python harness's own)
+    if runs_the_runtime:
+        extra["call_overhead"] = ("call_overhead_us is the median over the link classes of the fit's per-run "
+                                  "overhead: the runtime's fixed cost of starting one program run")
+        extra["reduce_probe"] = m.reduce_probe  # reduce_GBps: what reducing a received message adds
     topo = _topology(name, ranks, classes, transport, options, m, fits, None, [sw] if sw else [],
                      {p: sw.name for p in fits} if sw else None, (), extra)
+    if runs_the_runtime and classes:
+        topo = replace(topo, call_overhead_us=_median(max(0.0, c.fit.overhead_us) for c in classes),
+                       reduce_GBps=(m.reduce_probe or {}).get("reduce_GBps"))
     return Profile(topo, transport, options, m, fits, classes, elapsed_s=time.perf_counter() - start)
 
 

@@ -391,6 +391,9 @@ class Measurements:
     """Samples per directed link (src, dst), in measurement order."""
 
     samples: dict[tuple[int, int], list[Sample]] = field(default_factory=dict)
+    # The reduce probe (runtime transports): times of one transfer received plainly and received with a
+    # reduction, and the reduction rate they give (hardware.measure_cpu); None when not measured.
+    reduce_probe: dict[str, Any] | None = None
 
     def add(self, pair: tuple[int, int], sample: Sample) -> None:
         self.samples.setdefault(pair, []).append(sample)

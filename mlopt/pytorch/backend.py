@@ -252,6 +252,7 @@ class _Call:
     copy_out: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
     zero: list[torch.Tensor] = field(default_factory=list)  # staging padding cleared before the copies in
     divide: list[torch.Tensor] = field(default_factory=list)  # AVG: divided by the group size afterwards
+    in_place: bool = False  # output is the program's one buffer and input its input window (ProcessComm.run)
     value: Any = None  # the future's result
     nbytes: int = 0  # the call's size as the plan choice saw it
 
@@ -501,8 +502,8 @@ class MloptProcessGroup(dist.ProcessGroup):
             _copy_bytes(destination, source)
         try:
             started_s = time.perf_counter()
-            self.comm.run(call.program, call.input, call.output, op=call.op, watchdog_ms=self.watchdog_ms,
-                          chunk_bytes=self.options.chunk_bytes)
+            self.comm.run(call.program, call.input, call.output, op=call.op, in_place=call.in_place,
+                          watchdog_ms=self.watchdog_ms, chunk_bytes=self.options.chunk_bytes)
             ended_s = time.perf_counter()
             self.timings.append(CallTiming(call.choice.collective, call.nbytes, call.choice.source,
                                            started_s, (ended_s - started_s) * 1e6))
@@ -526,8 +527,13 @@ class MloptProcessGroup(dist.ProcessGroup):
         return self._programs[path]
 
     def _call(self, collective: str, blocks: _Blocks, nbytes: int, *, root: int = 0, op: str = "sum",
-              copy_back: bool = True, value: Any = None) -> _Call:
-        """Chooses the program and lays the blocks out in its buffers (padding each block when needed)."""
+              copy_back: bool = True, value: Any = None, same_tensor: bool = False) -> _Call:
+        """Chooses the program and lays the blocks out in its buffers (padding each block when needed).
+
+        same_tensor: the call's one tensor is its input and its output (torch's all_reduce and broadcast); a
+        program declaring inplace="1" then runs on the tensor itself when no padding is needed, else on one
+        staging buffer in its in-place layout, as every call of a program that runs only in place
+        (outofplace="0") does."""
         with self._lock:
             choice = self.plans.choose(collective, nbytes, root)
             self.sources[(collective, choice.source)] += 1
@@ -536,6 +542,15 @@ class MloptProcessGroup(dist.ProcessGroup):
             program = self._program(choice)
         units = _padded(blocks.units, len(blocks.inputs), program.program_info["i_chunks"], blocks.moves_bytes)
         call = _Call(choice, program, None, None, op, value=value, nbytes=nbytes)
+        info = program.program_info
+        if same_tensor and info["inplace"] and units == blocks.units and _direct(blocks.input_base, blocks.moves_bytes):
+            call.input = call.output = _run_view(blocks.input_base, blocks.moves_bytes)
+            call.in_place = True
+            return call
+        if not info["outofplace"] or (same_tensor and info["inplace"]):  # one staging buffer instead of two
+            with self._lock:
+                self._stage_in_place(call, blocks, units, info["coll"], copy_back)
+            return call
         with self._lock:
             call.input = self._stage_input(call, blocks, units)
             call.output = self._stage_output(call, blocks, units, copy_back)
@@ -557,6 +572,28 @@ class MloptProcessGroup(dist.ProcessGroup):
         while len(self._staging_buffers) > STAGING_KEPT:
             self._staging_buffers.pop(next(iter(self._staging_buffers)))
         return buffer
+
+    def _stage_in_place(self, call: _Call, blocks: _Blocks, units: int, coll: str, copy_back: bool) -> None:
+        """One staging buffer in the program's in-place layout (native.in_place_windows): the input blocks
+        copied into its input window, the output blocks copied back from its output window."""
+        word = _WORD if blocks.moves_bytes else 1  # units per run element
+        count = units * len(blocks.inputs) // word
+        out_count = call.program.output_count(count)
+        total, input_at, output_at = native.in_place_windows(coll, self.rank(), count, out_count)
+        staging = self._staging("in-place", blocks.inputs[0].dtype, total * word)
+        base_in, base_out = input_at * word, output_at * word
+        for b, block in enumerate(blocks.inputs):
+            start = base_in + b * units
+            call.copy_in.append((staging[start:start + blocks.units], block))
+            if units > blocks.units:
+                call.zero.append(staging[start + blocks.units:start + units])
+        if copy_back:
+            for b, block in enumerate(blocks.outputs):
+                start = base_out + b * units
+                call.copy_out.append((block, staging[start:start + blocks.units]))
+        call.input = _run_view(staging[base_in:base_in + count * word], blocks.moves_bytes)
+        call.output = _run_view(staging, blocks.moves_bytes)
+        call.in_place = True
 
     def _stage_input(self, call: _Call, blocks: _Blocks, units: int) -> torch.Tensor:
         if units == blocks.units and _direct(blocks.input_base, blocks.moves_bytes):
@@ -596,7 +633,7 @@ class MloptProcessGroup(dist.ProcessGroup):
         flat = _flat(tensor, "tensor", "allreduce", False)
         self._check_average(average, tensor, "allreduce")
         call = self._call("allreduce", _Blocks([flat], [flat], flat, None, False), tensor.nbytes, op=op,
-                          value=list(tensors))
+                          value=list(tensors), same_tensor=True)
         call.divide = [tensor] if average else []
         return self._enqueue(call)
 
@@ -606,7 +643,7 @@ class MloptProcessGroup(dist.ProcessGroup):
         flat = _flat(tensor, "tensor", "broadcast", True)
         root = int(opts.rootRank)
         call = self._call("broadcast", _Blocks([flat], [flat], flat, None, True), tensor.nbytes, root=root,
-                          copy_back=self.rank() != root, value=list(tensors))
+                          copy_back=self.rank() != root, value=list(tensors), same_tensor=True)
         return self._enqueue(call)
 
     def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:

@@ -126,12 +126,13 @@ class CollectivePlan:
 
 
 def collective_plan(path: str) -> CollectivePlan:
-    """The XML at `path` as a candidate; InputError naming the file when the backend cannot run it."""
+    """The XML at `path` as a candidate; InputError naming the file when the backend cannot run it. The
+    backend runs a program in either mode it declares (in place on the call's tensor, or staged in its
+    in-place layout, when it declares only inplace="1")."""
     (xml,) = xml_plans([path])
     program = parse_program(read_bytes(path), path)
-    if not program.outofplace:
-        raise InputError(path, "outofplace", "the mlopt backend runs programs out of place; this one declares "
-                                             "outofplace=\"0\"")
+    if not (program.outofplace or program.inplace):
+        raise InputError(path, "outofplace", "the program declares neither inplace=\"1\" nor outofplace=\"1\"")
     return CollectivePlan(xml, derive_spec(program).root if xml.coll in ROOTED else -1)
 
 

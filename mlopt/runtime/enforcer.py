@@ -306,10 +306,12 @@ def _ring_program(collective: str, n: int, root: int):
     from mlopt.formats.topology import fully_connected
     from mlopt.planners.collective.baselines import ring
     from mlopt.planners.collective.lowering import lower
+    from mlopt.planners.collective.planner import declare_proven_modes
     from mlopt.sim.collectives import CollectiveSpec
 
     alg = ring(fully_connected(n), CollectiveSpec(collective, n, 1, root=root), channels=1)
-    return lower(alg, name=f"enforcer_{collective}{n}" + (f"_root{root}" if collective in ROOTED else ""))
+    name = f"enforcer_{collective}{n}" + (f"_root{root}" if collective in ROOTED else "")
+    return declare_proven_modes(lower(alg, name=name))
 
 
 def _program(name: str, coll: str, chunks: int, gpus) -> Any:

@@ -320,7 +320,8 @@ class BoundModel:
                 detail[name] = where
         top = max(terms.values())
         which = next(k for k, v in terms.items() if v >= top * (1 - 1e-12))
-        return Bound(top, which, terms, self.collective, buffer_bytes, len(self.participants), detail)
+        overhead = self.topology.call_overhead_us if len(self.participants) > 1 else 0.0  # every run pays it
+        return Bound(top + overhead, which, terms, self.collective, buffer_bytes, len(self.participants), detail)
 
 
 def lower_bound(collective: str, topology: Topology, buffer_bytes: float, *,

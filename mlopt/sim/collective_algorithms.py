@@ -86,7 +86,7 @@ import numpy as np
 from mlopt.errors import InputError
 from mlopt.formats.msccl import Program
 from mlopt.formats.topology import Topology
-from mlopt.sim.network import Message, simulate_program, simulate_transfers
+from mlopt.sim.network import Message, call_overhead_us, simulate_program, simulate_transfers
 
 ALGORITHMS = ("ring", "bidirectional-ring", "direct", "halving-doubling", "double-binary-tree", "hierarchical",
               "hierarchical-bidirectional")
@@ -905,14 +905,15 @@ def collective_time(collective: str, algorithm: str, ranks: Sequence[int], nbyte
             raise ValueError(f"algorithm {algorithm!r} needs dims: topology {topology.name!r} is not a torus")
     s, group = _resolve(collective, algorithm, ranks, dims, splits)
     name = algorithm_name(algorithm, dims)
+    overhead = call_overhead_us(topology, len(group))  # simulate_program adds it to the XML path above
     if mode == "unaware":
         dims_t = None if dims is None else tuple(int(d) for d in dims)
         time_us, count, sent = _unaware(collective, algorithm, dims_t, int(splits), tuple(group.tolist()), nbytes,
                                         topology)
-        return CollectiveTiming(time_us, name, count, sent)
+        return CollectiveTiming(time_us + overhead, name, count, sent)
     res = simulate_transfers(collective_messages(collective, algorithm, ranks, nbytes, dims=dims, splits=splits),
                              topology, sharing=_SHARING[mode])
-    return CollectiveTiming(res.time_us, name, res.num_messages, res.bytes_sent)
+    return CollectiveTiming(res.time_us + overhead, name, res.num_messages, res.bytes_sent)
 
 
 _SHARING = {"unaware": "fair", "aware": "fair", "fifo": "fifo"}  # engine of each mode (unaware: no sharing)
@@ -925,7 +926,8 @@ class _TopologyKey:
 
     def __init__(self, topology: Topology):
         self.topology = topology
-        self.key = (topology.name, topology.num_ranks, len(topology.links))
+        self.key = (topology.name, topology.num_ranks, len(topology.links), topology.call_overhead_us,
+                    topology.reduce_GBps)
 
     def __hash__(self) -> int:
         return hash(self.key)

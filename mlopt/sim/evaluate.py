@@ -52,8 +52,9 @@ class XmlPlan:
 def check_fits(world_size: int, topology, source: str) -> None:
     """Workload rank r runs on topology rank r: the topology needs world_size ranks."""
     if world_size > topology.num_ranks:
-        raise InputError(source, "ranks", f"the workload has {world_size} ranks but topology {topology.name!r} has "
-                                          f"{topology.num_ranks}: rank {topology.num_ranks} has no place")
+        field = "ranks" if source.startswith("--") else "$.world_size"  # a --workload spec, or a trace file
+        raise InputError(source, field, f"the workload has {world_size} ranks but topology {topology.name!r} has "
+                                        f"{topology.num_ranks}: rank {topology.num_ranks} has no place")
 
 
 def _sidecar_size(xml_path: str) -> int | None:
@@ -267,7 +268,7 @@ def classify_plans(paths: Sequence[str]) -> PlanFiles:
     pending = [(p, False) for p in paths]
     while pending:
         path, from_index = pending.pop(0)
-        loaded = load_any(path)
+        loaded = load_any(path, payload=False)  # sorted by kind here; payloads are checked where they are used
         if loaded.kind == "msccl":
             xmls.append(path)
             continue

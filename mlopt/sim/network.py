@@ -782,6 +782,12 @@ def buffer_chunks(program: Program) -> int:
     return first or second or program.nchunksperloop
 
 
+def call_overhead_us(topology: Topology, ranks: int) -> float:
+    """The fixed cost one collective call of `ranks` ranks adds to its messages (Topology.call_overhead_us; none
+    for a single rank, which moves nothing)."""
+    return topology.call_overhead_us if ranks > 1 else 0.0
+
+
 def simulate_program(program: Program, topology: Topology, buffer_bytes: float, *,
                      rank_map: Sequence[int] | Mapping[int, int] | None = None,
                      chunk_bytes: float | None = None,
@@ -822,7 +828,7 @@ def simulate_program(program: Program, topology: Topology, buffer_bytes: float, 
     for its send too (flags are set when a step completes), as here. Costs: r and nop are free; cpy and re
     move cnt chunks through the rank's memory at `local_GBps` (shared by concurrent local steps; None:
     free); rrs, rrc, rrcs add cnt chunks / `reduce_GBps` of compute (None, the default: free, as MSCCL
-    reduces while the data streams in).
+    reduces while the data streams in), or the topology's `reduce_GBps` when it has one (a profiled CPU rank).
 
     `congestion_aware=False`: nothing shares bandwidth, every send and local step moves at its lone rate
     (`unshared`; ASTRA-sim's congestion-unaware mode). `sharing="fifo"`: one transfer at a time per resource,
@@ -857,6 +863,8 @@ def simulate_program(program: Program, topology: Topology, buffer_bytes: float, 
         if rest > 1e-9 * chunk_bytes:
             tiles.append(float(rest))
     niter = len(tiles)
+    if reduce_GBps is None:
+        reduce_GBps = topology.reduce_GBps  # a profiled rank's reduction rate; None on both: free
     if reduce_GBps is not None and not reduce_GBps > 0:
         raise ValueError("reduce_GBps must be > 0 (or None for free reductions)")
     model = NetworkModel(topology, local_GBps=local_GBps)
@@ -991,7 +999,7 @@ def simulate_program(program: Program, topology: Topology, buffer_bytes: float, 
         raise InputError(src, describe(task).split(" (")[0],
                          f"deadlock: step {tbmap[(gid, tbid)].steps[k].type!r} waits for "
                          f"{', '.join(waits) or 'a stuck step'}; {len(stuck)} steps never run")
-    time_us = res.makespan_us
+    time_us = res.makespan_us + call_overhead_us(topology, n)
     tl = None
     if timeline:
         tl = []

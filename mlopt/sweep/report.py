@@ -21,6 +21,8 @@ LAST = ["message", "warnings", "command"]
 MARKDOWN_DROP = {"exit_code", "warnings", "command", "grid", "buffer_bytes", "bound_us"}
 
 
+SUMMARY_FILES = ("summary.csv", "summary.md")  # in the sweep's output folder
+
 def require_pandas() -> None:
     try:
         import pandas  # noqa: F401
@@ -78,7 +80,7 @@ def write_summary(out_dir: Path, rows: list[dict[str, Any]], spec_path: str, cou
     from mlopt.formats.io import atomic_write_text
 
     df = frame(rows)
-    csv_path, md_path = out_dir / "summary.csv", out_dir / "summary.md"
+    csv_path, md_path = (out_dir / name for name in SUMMARY_FILES)
     atomic_write_text(csv_path, df.to_csv(index=False, lineterminator="\n"))
     failed = counts["failed"]
     head = [f"# Sweep {Path(spec_path).name}", "",

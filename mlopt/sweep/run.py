@@ -58,7 +58,52 @@ def run_sweep(spec_path: str, out_dir: str, *, executor: str = "local", address:
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise InputError(str(out), "$", "is a file; -o names the sweep's folder")
-    out.mkdir(parents=True, exist_ok=True)
+    check_summary_paths(out)
+    new_folder = not out.exists()
+    before = set() if new_folder else files_under(out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        return _run(spec, out, executor, address, workers, resume, cache_dir, use_cache, verbose, bar)
+    except OSError as exc:
+        from mlopt.formats.io import output_error
+
+        undo_outputs(out, new_folder, before)
+        raise output_error(out, exc) from None
+    except BaseException:  # a failure or Ctrl-C of the sweep itself (not of a cell): leave no new files
+        undo_outputs(out, new_folder, before)
+        raise
+
+
+def check_summary_paths(out: Path) -> None:
+    """The summary files must be writable as files: found before any cell runs, not after the last one."""
+    from mlopt.sweep.report import SUMMARY_FILES
+
+    for name in SUMMARY_FILES:
+        if (out / name).is_dir():
+            raise InputError(str(out / name), "$", "is a directory; the sweep writes its summary there")
+
+
+def files_under(out: Path) -> set[Path]:
+    return {p for p in out.rglob("*")}
+
+
+def undo_outputs(out: Path, new_folder: bool, before: set[Path]) -> None:
+    """Remove what this run added: the whole folder when it made it, else the files and folders that were not
+    there before (files it replaced keep their new content: a rerun of those cells)."""
+    import shutil
+
+    if new_folder:
+        shutil.rmtree(out, ignore_errors=True)
+        return
+    for path in sorted(files_under(out) - before, key=lambda p: len(p.parts), reverse=True):
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+
+
+def _run(spec, out: Path, executor: str, address: str | None, workers: int | None, resume: bool,
+         cache_dir: str | None, use_cache: bool, verbose: int, bar: bool) -> SweepResult:
     cache = cache_mod.PlanCache(cache_dir or cache_mod.default_cache_dir()) if use_cache else None
     cells = list(spec.cells)
     rows: dict[int, dict[str, Any]] = {}

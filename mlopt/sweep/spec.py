@@ -21,6 +21,7 @@ values joined by `-` in grid order (`allgather-1KiB-ndv2x2`), so names are stabl
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import re
@@ -72,16 +73,19 @@ def load_spec(path: str | Path) -> Spec:
         specs = [({k: v for k, v in doc.items() if k != "description"}, "$")]
     cells: list[Cell] = []
     names: dict[str, str] = {}
+    inputs: list[tuple[str, str, bool, str]] = []
     for grid, field in specs:
         if not isinstance(grid, dict):
             raise InputError(source, field, f"expected a mapping, found {type(grid).__name__}")
-        new = _grid_cells(grid, field, source, base, len(cells))
+        new = _grid_cells(grid, field, source, base, len(cells), inputs)
         name = new[0].grid
         if name in names:
             raise InputError(source, f"{field}.name", f"grid name {name!r} is also the name of {names[name]}: give "
                                                       f"each grid its own `name` (its output sub-folder)")
         names[name] = field
         cells.extend(new)
+    for option, path, always_file, where in inputs:  # structure first (its errors are cheaper to read), then files
+        check_input(option, path, always_file, source, where)
     return Spec(source, tuple(cells))
 
 
@@ -99,12 +103,15 @@ def _options_of(planner: str) -> dict[str, click.Option]:
     return out
 
 
-def _grid_cells(grid: dict[str, Any], field: str, source: str, base: Path, first_index: int) -> list[Cell]:
+def _grid_cells(grid: dict[str, Any], field: str, source: str, base: Path, first_index: int,
+                inputs: list[tuple[str, str, bool, str]]) -> list[Cell]:
+    """The grid's cells; the input files its options name are appended to `inputs` (option, path, always a
+    file, JSON path of the value) for `load_spec` to read once the whole spec is known to be well formed."""
     unknown = sorted(set(grid) - set(GRID_KEYS))
     if unknown:
         raise InputError(source, f"{field}.{unknown[0]}", f"unknown key (a grid has {', '.join(GRID_KEYS)})")
     planner = grid.get("planner")
-    if planner not in PLANNERS:
+    if not isinstance(planner, str) or planner not in PLANNERS:
         raise InputError(source, f"{field}.planner",
                          f"{planner!r} is not a planner; expected one of {', '.join(PLANNERS)}")
     name = grid.get("name", planner)
@@ -153,6 +160,7 @@ def _grid_cells(grid: dict[str, Any], field: str, source: str, base: Path, first
                 raise InputError(source, here, f"--{norm}: {exc.message}") from None
             if norm in kind.path_options or norm in kind.maybe_path_options:
                 text = resolve(norm, text)
+                inputs.append((norm, text, norm in kind.path_options, here))
             args += [f"--{norm}", text]
             tokens.append(_token(str(item), norm in kind.path_options or Path(text).is_file()))
         return args, "+".join(tokens)
@@ -222,6 +230,32 @@ def _grid_cells(grid: dict[str, Any], field: str, source: str, base: Path, first
             args=tuple(args), output=f"{name}/{stem}{kind.suffix}",
             record_wall_time=record_wall_time or any(entry[3] for entry in combo)))
     return _unique_names(cells)
+
+
+def check_input(option: str, path: str, always_file: bool, source: str, where: str) -> None:
+    """A cell's input file is read before any cell runs: a missing or broken model (or topology file) is bad
+    input of the spec, exit 2 naming the spec and the field, not one failed cell per grid point."""
+    if not always_file and not Path(path).exists():
+        return  # a preset name such as ndv2x2
+    try:
+        _load_input(option, path)
+    except InputError as exc:
+        raise InputError(source, where, f"--{option} {exc.file}: {exc.field}: {exc.message}") from None
+
+
+@functools.lru_cache(maxsize=None)
+def _load_input(option: str, path: str) -> None:
+    from mlopt.formats.io import check_regular_file
+
+    check_regular_file(path)
+    if option == "model":
+        from mlopt.formats.loaders import load_trace_any
+
+        load_trace_any(path)
+    elif option == "topology":
+        from mlopt.formats.loaders import resolve_topology
+
+        resolve_topology(path)
 
 
 def _token(text: str, is_path: bool) -> str:

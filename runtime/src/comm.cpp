@@ -143,7 +143,8 @@ mlopt_status check_declared(const mlopt_plan_s& plan, const Layout& layout, mlop
     }
     if (layout.any_outofplace && !p.outofplace) {
         return fail(err, MLOPT_ERR_MISMATCH,
-                    prefixed(plan, "out-of-place run but the program declares outofplace=0 (run it in place)"));
+                    prefixed(plan, "out-of-place run of an in-place-only program (it declares inplace=1 "
+                                   "outofplace=0): run it in place"));
     }
     return MLOPT_OK;
 }

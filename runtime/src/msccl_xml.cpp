@@ -38,6 +38,23 @@ const Names kStepTypes = {"s", "r", "rcs", "rrs", "rrc", "rrcs", "cpy", "re", "n
 const Names kBuffers = {"i", "o", "s"};                                                // Buffer order
 const Names kRedops = {"sum", "prod", "max", "min", "nop"};
 const Names kConnectionTypes = {"p2p", "shm", "nic"};
+// Collectives the executor runs but mlopt does not model: refused with MLOPT_ERR_UNSUPPORTED.
+const Names kUnsupportedCollectives = {"send", "recv", "gather", "scatter", "alltoallv"};
+// The parser of the executor (and RCCL's) keeps the first 16 attributes of an element (MSCCL_MAX_ATTR_COUNT).
+constexpr size_t kMaxAttributes = 16;
+
+// The one child element each level reads ("" for <step>: none); any other known element there is refused,
+// unknown ones are skipped with their content, as the executor's parser does.
+const char* child_element(const std::string& tag) {
+    if (tag == "algo") return "gpu";
+    if (tag == "gpu") return "tb";
+    if (tag == "tb") return "step";
+    return "";
+}
+
+bool is_msccl_element(const std::string& tag) {
+    return tag == "algo" || tag == "gpu" || tag == "tb" || tag == "step";
+}
 
 bool contains(const Names& names, std::string_view name) {
     return std::find(names.begin(), names.end(), name) != names.end();
@@ -129,20 +146,13 @@ public:
         p.nchannels = int32_attr(root, "nchannels", 1);
         p.nchunksperloop = int32_attr(root, "nchunksperloop", 1);
         p.ngpus = int32_attr(root, "ngpus", 1);
-        const std::string& coll = value(root, "coll");
-        if (!executor() && coll == "reduce_scatter") {
-            p.coll = "reducescatter";
-        } else if (coll == "reduce_scatter") {
-            error(root, "coll", "'reduce_scatter' is the legacy spelling; the executor dialect wants 'reducescatter'");
-        } else {
-            p.coll = enum_attr(root, "coll", kCollectives, "collective");
-        }
+        p.coll = read_coll(root);
         p.inplace = flag_attr(root, "inplace");
         p.outofplace = has(root, "outofplace") ? flag_attr(root, "outofplace") : !p.inplace;
-        p.min_bytes = has(root, "minBytes") ? int_attr(root, "minBytes", 0) : kLegacyDefaultMinBytes;
-        p.max_bytes = has(root, "maxBytes") ? int_attr(root, "maxBytes", 0) : kLegacyDefaultMaxBytes;
-        if (has(root, "redop")) enum_attr(root, "redop", kRedops, "reduction operator");
-        if (has(root, "nthreads")) int_attr(root, "nthreads", 0);
+        p.min_bytes = has(root, "minBytes") ? int64_attr(root, "minBytes", 0) : kLegacyDefaultMinBytes;
+        p.max_bytes = has(root, "maxBytes") ? int64_attr(root, "maxBytes", 0) : kLegacyDefaultMaxBytes;
+        if (!executor() && has(root, "redop")) enum_attr(root, "redop", kRedops, "reduction operator");
+        if (!executor() && has(root, "nthreads")) int32_attr(root, "nthreads", 0);
 
         read_gpus(root, p);
         source_.algo = &root_element;
@@ -151,6 +161,18 @@ public:
 
 private:
     bool executor() const { return dialect_ == MscclDialect::executor; }
+
+    std::string read_coll(const Node& root) const {
+        const std::string& coll = value(root, "coll");
+        if (!executor() && coll == "reduce_scatter") return "reducescatter";
+        if (coll == "reduce_scatter")
+            error(root, "coll", "'reduce_scatter' is the legacy spelling; the executor dialect wants 'reducescatter'");
+        if (contains(kUnsupportedCollectives, coll))
+            error(root, "coll", "mlopt does not support the collective " + quoted(coll) +
+                                    " (the MSCCL executor runs it; mlopt models " + join(kCollectives) + ")",
+                  MLOPT_ERR_UNSUPPORTED);
+        return enum_attr(root, "coll", kCollectives, "collective");
+    }
     const char* dialect_name() const { return executor() ? "executor" : "legacy"; }
 
     // "<file>: <path>@<attr> (line L): <what>", positioned at the attribute (or the element without one).
@@ -188,38 +210,49 @@ private:
     static bool has(const Node& node, const char* name) { return node.e.attribute(name) != nullptr; }
     static const std::string& value(const Node& node, const char* name) { return node.e.attribute(name)->value; }
 
+    // Required attributes among the first kMaxAttributes (all the executor keeps); others that are neither
+    // required nor optional are ignored, as the executor looks attributes up by name.
     void check_attrs(const Node& node, const Names& required, const Names& optional = {}) const {
-        for (auto name : required)
-            if (!node.e.attribute(name)) {
-                const std::string attr(name);  // named in the location, positioned at the element
+        (void)optional;  // read where they matter; listed for the reader
+        for (auto name : required) {
+            const std::string attr(name);  // named in the location
+            const auto& all = node.e.attributes;
+            const size_t kept = std::min(all.size(), kMaxAttributes);
+            const auto at = std::find_if(all.begin(), all.end(), [&](const XmlAttribute& a) { return a.name == attr; });
+            if (at == all.end())
                 error(node, attr.c_str(), "missing attribute '" + attr + "' (" + dialect_name() + " dialect)");
-            }
-        for (const auto& a : node.e.attributes)
-            if (!contains(required, a.name) && !contains(optional, a.name))
-                error(node, a.name.c_str(), "unexpected attribute " + quoted(a.name) + " on <" + node.e.tag + "> (" +
-                                                dialect_name() + " dialect)");
+            if (static_cast<size_t>(at - all.begin()) >= kept)
+                error(node, attr.c_str(), "attribute '" + attr + "' comes after the first " +
+                                              std::to_string(kMaxAttributes) + " attributes of <" + node.e.tag +
+                                              ">, the only ones the executor reads");
+        }
     }
 
-    int64_t int_attr(const Node& node, const char* name, std::optional<int64_t> minimum = std::nullopt) const {
+    // A plain decimal integer read as the executor does: bits 32 must fit an int (strtol into an int), bits 64
+    // saturate to int64 (strtoll); then at least `minimum`.
+    int64_t int_attr(const Node& node, const char* name, std::optional<int64_t> minimum, int bits) const {
         const std::string& raw = value(node, name);
         if (!is_plain_integer(raw)) error(node, name, quoted(raw) + " is not an integer");
         int64_t v = 0;
         const auto r = std::from_chars(raw.data(), raw.data() + raw.size(), v);
-        if (r.ec != std::errc() || r.ptr != raw.data() + raw.size())
-            error(node, name, canonical_integer(raw) + " is out of range for a 64-bit integer");
+        const bool in_int64 = r.ec == std::errc() && r.ptr == raw.data() + raw.size();
+        if (bits == 64 && !in_int64)
+            v = raw[0] == '-' ? std::numeric_limits<int64_t>::min() : std::numeric_limits<int64_t>::max();
+        if (bits == 32 && (!in_int64 || v > std::numeric_limits<int32_t>::max() ||
+                           v < std::numeric_limits<int32_t>::min()))
+            error(node, name, canonical_integer(raw) + " is out of range for a 32-bit integer (the executor reads it "
+                                                       "as an int)");
         if (minimum && v < *minimum)
             error(node, name, std::to_string(v) + " is below the minimum " + std::to_string(*minimum));
         return v;
     }
 
-    int32_t narrow(const Node& node, const char* name, int64_t v) const {
-        if (v > std::numeric_limits<int32_t>::max() || v < std::numeric_limits<int32_t>::min())
-            error(node, name, std::to_string(v) + " is out of range (at most 2147483647)");
-        return static_cast<int32_t>(v);
+    int32_t int32_attr(const Node& node, const char* name, std::optional<int64_t> minimum = std::nullopt) const {
+        return static_cast<int32_t>(int_attr(node, name, minimum, 32));
     }
 
-    int32_t int32_attr(const Node& node, const char* name, std::optional<int64_t> minimum = std::nullopt) const {
-        return narrow(node, name, int_attr(node, name, minimum));
+    int64_t int64_attr(const Node& node, const char* name, std::optional<int64_t> minimum) const {
+        return int_attr(node, name, minimum, 64);
     }
 
     bool flag_attr(const Node& node, const char* name) const {
@@ -242,16 +275,24 @@ private:
         return static_cast<size_t>(std::find(allowed.begin(), allowed.end(), raw) - allowed.begin());
     }
 
-    // The children of `parent`, each labelled by `key`; all must be <tag>.
-    std::vector<Node> children(const Node& parent, const char* tag, const char* key) const {
+    // The children the executor reads (child_element), each labelled by `key`. Unknown elements are skipped
+    // with their content, as the executor does; a known element in the wrong place is an error (the executor
+    // would drop it silently), and so is any element inside <step> (the executor's parser crashes there).
+    std::vector<Node> children(const Node& parent, const char* key) const {
+        const std::string tag = child_element(parent.e.tag);
         std::vector<Node> out;
-        out.reserve(parent.e.children.size());
         for (size_t i = 0; i < parent.e.children.size(); ++i) {
             const XmlElement& child = doc_.child(parent.e, i);
-            out.push_back({child, parent.path + "/" + label(child, key, i)});
-            if (child.tag != tag)
-                error(out.back(), nullptr, "unexpected element <" + child.tag + "> inside <" + parent.e.tag +
-                                               "> (expected <" + tag + ">)");
+            const Node node{child, parent.path + "/" + label(child, key, i)};
+            if (!tag.empty() && child.tag == tag) {
+                out.push_back(node);
+            } else if (tag.empty()) {
+                error(node, nullptr, "unexpected element <" + child.tag + "> inside <" + parent.e.tag +
+                                         "> (the executor cannot read elements inside <" + parent.e.tag + ">)");
+            } else if (is_msccl_element(child.tag)) {
+                error(node, nullptr, "unexpected element <" + child.tag + "> inside <" + parent.e.tag +
+                                         "> (expected <" + tag + ">; the executor would skip it)");
+            }
         }
         return out;
     }
@@ -267,7 +308,7 @@ private:
         std::vector<const XmlElement*> elements;
         std::vector<std::vector<ParsedTb>> tbs;
         std::set<int32_t> seen;
-        for (const Node& node : children(root, "gpu", "id")) {
+        for (const Node& node : children(root, "id")) {
             std::vector<ParsedTb> gpu_tbs;
             Gpu gpu = read_gpu(node, p, gpu_tbs);
             if (!seen.insert(gpu.id).second)
@@ -310,7 +351,7 @@ private:
         gpu.o_chunks = int32_attr(node, "o_chunks", 0);
         gpu.s_chunks = int32_attr(node, "s_chunks", 0);
         std::set<int32_t> seen;
-        for (const Node& tnode : children(node, "tb", "id")) {
+        for (const Node& tnode : children(node, "id")) {
             ParsedTb tb = read_tb(tnode, gpu.id, p);
             if (!seen.insert(tb.tb.id).second)
                 structure_error(tnode, "id", "duplicate tb id " + std::to_string(tb.tb.id) + " on gpu " +
@@ -354,9 +395,10 @@ private:
                                               std::to_string(p.nchannels));
         for (auto attr : kLegacyIgnoredTb) {
             const std::string name(attr);
-            if (has(node, name.c_str())) enum_attr(node, name.c_str(), kConnectionTypes, "connection type");
+            if (!executor() && has(node, name.c_str()))
+                enum_attr(node, name.c_str(), kConnectionTypes, "connection type");
         }
-        const std::vector<Node> step_nodes = children(node, "step", "s");
+        const std::vector<Node> step_nodes = children(node, "s");
         for (size_t position = 0; position < step_nodes.size(); ++position) {
             tb.steps.push_back(read_step(step_nodes[position], position));
             parsed.steps.push_back(&step_nodes[position].e);
@@ -366,7 +408,8 @@ private:
 
     Step read_step(const Node& node, size_t position) const {
         check_attrs(node, kStepAttrs);
-        const int64_t s = int_attr(node, "s");
+        children(node, "");  // none allowed
+        const int64_t s = int32_attr(node, "s");
         if (s != static_cast<int64_t>(position))
             structure_error(node, "s", "s=" + std::to_string(s) + " but this is step " + std::to_string(position) +
                                            " of its threadblock (steps are numbered by position)");

@@ -196,7 +196,7 @@ void load_xml_plan(std::string_view text, mlopt_plan_s& plan) {
     plan.format = "msccl-ef";
     plan.schema_version = "";
     plan.planner = "collective";
-    plan.program = std::move(program);
+    plan.program = effective_program(program, where);
 }
 
 bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }

@@ -281,13 +281,18 @@ RankRunResult RankEngine::run() {
     const std::string problem = setup();
     if (!problem.empty()) stop(MLOPT_ERR_SEMANTIC, problem);
     if (problem.empty() && !tbs_.empty() && slicing_.iterations > 0) {
+        // The calling thread runs the last threadblock itself: a run of one threadblock (a 2-rank ring) then
+        // starts no thread at all, and every run one thread fewer (thread start-up is most of a small run).
         std::vector<std::thread> threads;
+        bool started = true;
         try {
-            threads.reserve(tbs_.size());
-            for (TbRun& t : tbs_) threads.emplace_back([this, &t] { thread_main(t); });
+            threads.reserve(tbs_.size() - 1);
+            for (size_t i = 0; i + 1 < tbs_.size(); ++i) threads.emplace_back([this, &t = tbs_[i]] { thread_main(t); });
         } catch (...) {  // std::system_error or std::bad_alloc: the threads started so far stop with the run
             stop(MLOPT_ERR_INTERNAL, "rank " + std::to_string(me_) + ": cannot start a thread per threadblock");
+            started = false;
         }
+        if (started) thread_main(tbs_.back());
         for (std::thread& th : threads) th.join();
         result.stats.loop_iterations = slicing_.iterations;
     }

@@ -1,9 +1,11 @@
-// Semantic checks of a Program (see validate.hpp). The rules and wording follow mlopt/formats/msccl_xml.py
-// (check_limits) and mlopt/sim/symbolic.py (check_program, _analyse), so that the runtime refuses what the
-// Python checker reports as a problem; the first problem found is reported, with its location.
+// Semantic checks of a Program (see validate.hpp): a port of mlopt/formats/msccl_contract.py, group for group
+// and in the same order, so that both languages give a file the same verdict and name the same first
+// problem (tests/conformance/msccl_xml holds them to it); the first problem found is reported, with its
+// location.
 #include "validate.hpp"
 
 #include <algorithm>
+#include <deque>
 #include <map>
 #include <tuple>
 #include <utility>
@@ -80,9 +82,24 @@ public:
         check_nops();
         check_connections();
         check_chunk_sizes();
+        check_budget();
         check_operands();
         check_dependencies();
         check_fifos();
+        check_deadlock();
+    }
+
+    // The program as it runs in place: a buffer declared with 0 chunks that check_chunk_sizes allowed gets the
+    // size of its window (msccl_contract.py effective_program).
+    Program effective() const {
+        Program out = p_;
+        if (!in_place_only()) return out;
+        const ChunkContract need = contract();
+        for (Gpu& gpu : out.gpus) {
+            if (gpu.i_chunks == 0 && may_leave_out(gpu, true, need)) gpu.i_chunks = need.input_chunks;
+            if (gpu.o_chunks == 0 && may_leave_out(gpu, false, need)) gpu.o_chunks = need.output_chunks;
+        }
+        return out;
     }
 
     ChunkContract contract() const {
@@ -131,17 +148,26 @@ private:
         return out + "/step[@s=" + std::to_string(tb.steps[static_cast<size_t>(w.step)].s) + "]";
     }
 
+    // The attribute's position (or the element's without one); none for a program built in code.
+    Position position(const Where& w, const char* attr) const {
+        const XmlElement* e = element(w);
+        if (!e) return {};
+        const XmlAttribute* a = attr ? e->attribute(attr) : nullptr;
+        return a ? a->at : e->at;
+    }
+
+    // "<path>@<attr> (line L)".
+    std::string location(const Where& w, const char* attr) const {
+        std::string out = path(w);
+        if (attr) out += std::string("@") + attr;
+        const Position at = position(w, attr);
+        if (at.line > 0) out += " " + describe_position(at, /*with_column=*/false);
+        return out;
+    }
+
     // "<file>: <path>@<attr> (line L): <what>", positioned at the attribute (or the element without one).
     [[noreturn]] void fail(const Where& w, const char* attr, const std::string& what) const {
-        std::string location = path(w);
-        if (attr) location += std::string("@") + attr;
-        Position at;
-        if (const XmlElement* e = element(w)) {
-            const XmlAttribute* a = attr ? e->attribute(attr) : nullptr;
-            at = a ? a->at : e->at;
-            location += " " + describe_position(at, /*with_column=*/false);
-        }
-        throw LoadError(MLOPT_ERR_SEMANTIC, src_.file + ": " + location + ": " + what, at);
+        throw LoadError(MLOPT_ERR_SEMANTIC, src_.file + ": " + location(w, attr) + ": " + what, position(w, attr));
     }
 
     // "gpu 0 tb 1 step 4 (s)", as symbolic.py names a step inside a message about another one.
@@ -177,9 +203,7 @@ private:
             if (gpu.id != static_cast<int64_t>(g))
                 fail(wg, "id", "gpu at position " + std::to_string(g) + " has id " + std::to_string(gpu.id) +
                                    " (gpu ids must be 0..ngpus-1 in order)");
-            if (gpu.i_chunks < 0 || gpu.o_chunks < 0 || gpu.s_chunks < 0)
-                fail(wg, gpu.i_chunks < 0 ? "i_chunks" : gpu.o_chunks < 0 ? "o_chunks" : "s_chunks",
-                     "buffer sizes must not be negative");
+            check_buffer_sizes(gpu, wg);
             for (size_t t = 0; t < gpu.tbs.size(); ++t) {
                 const Threadblock& tb = gpu.tbs[t];
                 const Where wt{static_cast<int64_t>(g), static_cast<int64_t>(t)};
@@ -198,6 +222,19 @@ private:
                         fail({wt.gpu, wt.tb, static_cast<int64_t>(s)}, "s",
                              "s=" + std::to_string(tb.steps[s].s) + ", steps must be numbered by position");
             }
+        }
+    }
+
+    // Sizes 0..kMaxBufferChunks: the executor keeps offsets in int16_t.
+    void check_buffer_sizes(const Gpu& gpu, const Where& wg) const {
+        for (const auto& [attr, chunks] : {std::pair<const char*, int32_t>{"i_chunks", gpu.i_chunks},
+                                           {"o_chunks", gpu.o_chunks},
+                                           {"s_chunks", gpu.s_chunks}}) {
+            if (chunks < 0) fail(wg, attr, "buffer sizes must not be negative");
+            if (chunks > kMaxBufferChunks)
+                fail(wg, attr, std::string(attr) + "=" + std::to_string(chunks) + " exceeds the " +
+                                   std::to_string(kMaxBufferChunks) +
+                                   " chunks the executor can address (it keeps offsets in 16 bits)");
         }
     }
 
@@ -242,7 +279,7 @@ private:
                                              "steps one lower");
                         if (st.hasdep)
                             fail(w, "hasdep", "nop with hasdep=1; the executor does not store nops, so it never signals");
-                        pending_nop_deps = true;
+                        pending_nop_deps = true;  // (depid >= 0 here)
                     } else if (pending_nop_deps) {
                         if (st.depid < 0)
                             fail(w, "depid", "follows nop dependencies but has no dependency itself; the executor "
@@ -287,7 +324,18 @@ private:
         }
     }
 
-    // One i_chunks/o_chunks for the whole program (the runtime takes one count), equal to the collective's.
+    bool in_place_only() const { return p_.inplace && !p_.outofplace; }
+
+    // A buffer declared with 0 chunks that in place is a window of the other one, which must be whole:
+    // allgather's input, reducescatter's output, either one for the collectives that share one buffer.
+    bool may_leave_out(const Gpu& gpu, bool input, const ChunkContract& need) const {
+        if (p_.coll == "allgather") return input;
+        if (p_.coll == "reducescatter") return !input;
+        return input ? gpu.o_chunks == need.output_chunks : gpu.i_chunks == need.input_chunks;
+    }
+
+    // One i_chunks/o_chunks for the whole program (the runtime takes one count), equal to the collective's,
+    // except the buffer an in-place-only program may leave out (may_leave_out).
     void check_chunk_sizes() const {
         const ChunkContract need = contract();
         if (p_.gpus.empty()) return;
@@ -303,15 +351,46 @@ private:
                              " has " + attr + "=" + std::to_string(theirs) +
                              "; every gpu needs the same buffer sizes (the runtime takes one count)");
         }
-        for (size_t g = 0; g < p_.gpus.size(); ++g) {
-            const Gpu& gpu = p_.gpus[g];
-            if (gpu.i_chunks != need.input_chunks || gpu.o_chunks != need.output_chunks)
-                fail({static_cast<int64_t>(g)}, gpu.i_chunks != need.input_chunks ? "i_chunks" : "o_chunks",
-                     "i_chunks=" + std::to_string(gpu.i_chunks) + " o_chunks=" + std::to_string(gpu.o_chunks) +
-                         ", the " + p_.coll + " needs " + std::to_string(need.input_chunks) + " and " +
-                         std::to_string(need.output_chunks) + " (nchunksperloop=" +
-                         std::to_string(p_.nchunksperloop) + ", ngpus=" + std::to_string(p_.ngpus) + ")");
+        for (size_t g = 0; g < p_.gpus.size(); ++g) check_gpu_chunk_sizes(g, need);
+    }
+
+    void check_gpu_chunk_sizes(size_t g, const ChunkContract& need) const {
+        const Gpu& gpu = p_.gpus[g];
+        for (const bool input : {true, false}) {
+            const char* attr = input ? "i_chunks" : "o_chunks";
+            const int32_t declared = input ? gpu.i_chunks : gpu.o_chunks;
+            const int32_t needed = input ? need.input_chunks : need.output_chunks;
+            if (declared == needed) continue;
+            if (declared == 0 && may_leave_out(gpu, input, need)) {
+                if (!in_place_only())
+                    fail({static_cast<int64_t>(g)}, attr,
+                         std::string(attr) + "=0 but the " + p_.coll + " needs " + std::to_string(needed) +
+                             ": only an in-place-only program (inplace=1 outofplace=0) may leave out the " +
+                             (input ? "input" : "output") + ", which in place is a window of the other buffer");
+                continue;
+            }
+            fail({static_cast<int64_t>(g)}, attr,
+                 "i_chunks=" + std::to_string(gpu.i_chunks) + " o_chunks=" + std::to_string(gpu.o_chunks) + ", the " +
+                     p_.coll + " needs " + std::to_string(need.input_chunks) + " and " +
+                     std::to_string(need.output_chunks) + " (nchunksperloop=" + std::to_string(p_.nchunksperloop) +
+                     ", ngpus=" + std::to_string(p_.ngpus) + ")");
         }
+    }
+
+    // mlopt's symbolic proof keeps one value per chunk, of up to ngpus contributions: its size is bounded, and
+    // the runtime refuses the same programs (status "unsupported") so that both languages agree.
+    void check_budget() const {
+        const Program eff = effective();
+        int64_t chunks = 0;
+        for (const Gpu& gpu : eff.gpus) chunks += int64_t{gpu.i_chunks} + gpu.o_chunks + gpu.s_chunks;
+        const int64_t work = int64_t{p_.ngpus} * chunks;
+        if (work > kProofBudget)
+            throw LoadError(MLOPT_ERR_UNSUPPORTED,
+                            src_.file + ": " + location({}, nullptr) +
+                                ": mlopt does not support programs this large: ngpus x the chunks of every rank's "
+                                "buffers = " + std::to_string(work) + " exceeds " + std::to_string(kProofBudget) +
+                                " (mlopt's symbolic proof keeps up to ngpus contributions per chunk)",
+                            position({}, nullptr));
     }
 
     static int32_t buffer_chunks(const Gpu& gpu, Buffer b) {
@@ -427,6 +506,116 @@ private:
         }
     }
 
+    // The threadblocks run step by step with unbounded FIFOs (msccl_contract.py _Flow): a step waits for its
+    // dependency, then for a message when it receives (cnt > 0), then sends (cnt > 0) and signals when hasdep.
+    // Waiters are woken by the event they wait for, so the work is linear in the steps. With one threadblock
+    // at each end of a connection (check_connections) and a step's chunk c depending only on chunk c of its
+    // message, whole steps give the same verdict as symbolic.py's chunk-by-chunk run.
+    class Flow {
+    public:
+        explicit Flow(const Program& p) : p_(p) {
+            for (size_t g = 0; g < p.gpus.size(); ++g) {
+                first_.push_back(tbs_.size());
+                for (size_t t = 0; t < p.gpus[g].tbs.size(); ++t) tbs_.push_back({g, t});
+            }
+            pc_.assign(tbs_.size(), 0);
+            flag_.assign(tbs_.size(), -1);
+            on_flag_.resize(tbs_.size());
+            for (size_t i = 0; i < tbs_.size(); ++i) ready_.push_back(i);
+        }
+
+        // The threadblocks that never finish, in (gpu, tb) order.
+        std::vector<size_t> run() {
+            while (!ready_.empty()) {
+                const size_t i = ready_.front();
+                ready_.pop_front();
+                advance(i);
+            }
+            std::vector<size_t> stuck;
+            for (size_t i = 0; i < tbs_.size(); ++i)
+                if (pc_[i] < tb(i).steps.size()) stuck.push_back(i);
+            return stuck;
+        }
+
+        const Threadblock& tb(size_t i) const { return p_.gpus[tbs_[i].first].tbs[tbs_[i].second]; }
+        std::pair<size_t, size_t> position(size_t i) const { return tbs_[i]; }
+        size_t pc(size_t i) const { return pc_[i]; }
+        bool waits_for_flag(size_t i) const {
+            const Step& st = tb(i).steps[pc_[i]];
+            return st.depid >= 0 && flag_[awaited(i, st)] < st.deps;
+        }
+
+    private:
+        using Connection = std::tuple<int32_t, int32_t, int32_t>;  // sender, receiver, channel
+
+        size_t awaited(size_t i, const Step& st) const {
+            return first_[tbs_[i].first] + static_cast<size_t>(st.depid);
+        }
+
+        void wake(std::vector<size_t>& waiters) {
+            ready_.insert(ready_.end(), waiters.begin(), waiters.end());
+            waiters.clear();
+        }
+
+        void advance(size_t i) {
+            const Gpu& gpu = p_.gpus[tbs_[i].first];
+            const Threadblock& t = tb(i);
+            while (pc_[i] < t.steps.size()) {
+                const Step& st = t.steps[pc_[i]];
+                if (st.depid >= 0 && flag_[awaited(i, st)] < st.deps) {
+                    on_flag_[awaited(i, st)].push_back(i);
+                    return;
+                }
+                if (st.cnt > 0 && step_receives(st.type)) {
+                    const Connection inbox{t.recv, gpu.id, t.chan};
+                    if (available_[inbox] == 0) {
+                        on_message_[inbox].push_back(i);
+                        return;
+                    }
+                    --available_[inbox];
+                }
+                if (st.cnt > 0 && step_sends(st.type)) {
+                    const Connection outbox{gpu.id, t.send, t.chan};
+                    ++available_[outbox];
+                    wake(on_message_[outbox]);
+                }
+                if (st.hasdep && st.type != StepType::nop) {
+                    flag_[i] = static_cast<int64_t>(pc_[i]);
+                    wake(on_flag_[i]);
+                }
+                ++pc_[i];
+            }
+        }
+
+        const Program& p_;
+        std::vector<std::pair<size_t, size_t>> tbs_;  // (gpu, tb) positions
+        std::vector<size_t> first_;                   // gpu -> index of its first tb
+        std::vector<size_t> pc_;
+        std::vector<int64_t> flag_;  // last signalled step, -1: none
+        std::vector<std::vector<size_t>> on_flag_;
+        std::map<Connection, int64_t> available_;
+        std::map<Connection, std::vector<size_t>> on_message_;
+        std::deque<size_t> ready_;
+    };
+
+    void check_deadlock() const {
+        Flow flow(p_);
+        const std::vector<size_t> stuck = flow.run();
+        if (stuck.empty()) return;
+        const size_t i = stuck.front();
+        const auto [g, t] = flow.position(i);
+        const Where w{static_cast<int64_t>(g), static_cast<int64_t>(t), static_cast<int64_t>(flow.pc(i))};
+        const Threadblock& tb = flow.tb(i);
+        const Step& st = tb.steps[flow.pc(i)];
+        const std::string tail = " (" + std::to_string(stuck.size()) + " threadblock(s) never finish)";
+        if (flow.waits_for_flag(i))
+            fail(w, "deps", "deadlock: waits for gpu " + std::to_string(p_.gpus[g].id) + " tb " +
+                                std::to_string(st.depid) + " to signal step " + std::to_string(st.deps) +
+                                ", which never happens" + tail);
+        fail(w, "type", "deadlock: waits for a message from gpu " + std::to_string(tb.recv) + " on channel " +
+                            std::to_string(tb.chan) + " that never arrives" + tail);
+    }
+
     const Program& p_;
     const ProgramSource& src_;
 };
@@ -438,5 +627,9 @@ ChunkContract chunk_contract(const Program& program, const ProgramSource& source
 }
 
 void validate_program(const Program& program, const ProgramSource& source) { Checker(program, source).run(); }
+
+Program effective_program(const Program& program, const ProgramSource& source) {
+    return Checker(program, source).effective();
+}
 
 }  // namespace mlopt

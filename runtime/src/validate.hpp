@@ -28,6 +28,10 @@ constexpr int32_t kMaxStepsPerThreadblock = 64;
 constexpr int32_t kMaxChannels = 32;
 constexpr int32_t kMaxStepCount = 72;  // cnt must be below this
 constexpr int32_t kMaxTbsPerChannel = 32;
+constexpr int32_t kMaxBufferChunks = 32768;  // offsets are int16_t in the executor (chunks 0..32767)
+// ngpus x the chunks of every rank's buffers (msccl_contract.py PROOF_BUDGET): larger programs are refused
+// with MLOPT_ERR_UNSUPPORTED, as the Python loader refuses them (its symbolic proof stays bounded).
+constexpr int64_t kProofBudget = int64_t{1} << 25;
 
 // Chunks per rank of the input and output buffers the collective needs (symbolic.py "Chunks per rank").
 struct ChunkContract {
@@ -39,10 +43,16 @@ struct ChunkContract {
 // (e.g. an allgather whose nchunksperloop is not a multiple of ngpus).
 ChunkContract chunk_contract(const Program& program, const ProgramSource& source);
 
-// Throws LoadError (MLOPT_ERR_SEMANTIC) naming the first problem found, e.g.
+// Throws LoadError naming the first problem found (MLOPT_ERR_SEMANTIC; MLOPT_ERR_UNSUPPORTED for a program
+// over kProofBudget), in the order of mlopt/formats/msccl_contract.py, e.g.
 // "ring.xml: algo/gpu[@id=3]/tb[@id=1]/step[@s=4]@dstoff (line 57): dstoff=9 cnt=1 is out of range for
 // buffer o (8 chunks)".
 void validate_program(const Program& program, const ProgramSource& source);
+
+// A validated program as it runs: an in-place-only program (inplace=1 outofplace=0) may declare 0 chunks for
+// the buffer that in place is a window of the other (allgather's input, reducescatter's output, either one
+// for the others); here that buffer gets its window's size, so that counts and layouts need no special case.
+Program effective_program(const Program& program, const ProgramSource& source);
 
 // Names as written in the XML ("rrcs", "o").
 const char* step_type_name(StepType type);

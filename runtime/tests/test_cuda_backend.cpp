@@ -27,8 +27,10 @@
 #include "handles.hpp"
 #include "mlopt/mlopt.h"
 #include "mlopt/mlopt.hpp"
+#include "msccl_xml.hpp"  // internal: a plan from XML without validate_program
 #include "program.hpp"
 #include "reduce.hpp"
+#include "xml.hpp"
 
 namespace {
 
@@ -341,8 +343,19 @@ void test_every_xml_matches_the_cpu_backend() {
 
 // ------------------------------------------------------------------------------------------------ errors
 
-mlopt::Plan plan_from(const std::string& xml, const char* name) {
-    return mlopt::Plan::from_memory(xml, name);
+// A plan read from XML without validate_program: the loader refuses a certain deadlock up front (validate.cpp
+// check_deadlock), and these tests are about the GPU's own watchdog behind it.
+mlopt_plan_s unvalidated_plan(const std::string& xml, const char* name) {
+    const mlopt::XmlDocument doc = mlopt::parse_xml(xml, name);
+    mlopt::ProgramSource where;
+    where.file = name;
+    mlopt_plan_s plan;
+    plan.kind = MLOPT_PLAN_MSCCL_XML;
+    plan.source = name;
+    plan.format = "msccl-ef";
+    plan.planner = "collective";
+    plan.program = mlopt::read_msccl_program(doc, where);
+    return plan;
 }
 
 // Both ranks receive before they send: structurally valid, but no step can start.
@@ -363,9 +376,19 @@ std::string both_receive_first() {
 }
 
 void test_deadlock_is_reported() {
-    const mlopt::Plan plan = plan_from(both_receive_first(), "deadlock.xml");
+    const std::string xml = both_receive_first();
+    mlopt_plan refused = nullptr;
+    mlopt_error load_err = nullptr;
+    CHECK_EQ(mlopt_plan_load_memory(xml.data(), xml.size(), "deadlock.xml", &refused, &load_err), MLOPT_ERR_SEMANTIC);
+    CHECK_CONTAINS(std::string(load_err ? mlopt_error_message(load_err) : ""), "deadlock: waits for a message from gpu 1");
+    mlopt_error_free(load_err);
+    mlopt_plan_free(refused);  // NULL unless the loader let the deadlock through
+
+    const mlopt_plan_s plan = unvalidated_plan(xml, "deadlock.xml");
     DeviceSetup device;
-    const mlopt_program_info info = plan.program_info();
+    mlopt_program_info info{};
+    info.struct_size = sizeof info;
+    CHECK_EQ(mlopt_plan_program_info(&plan, &info, nullptr), MLOPT_OK);
     Setup s = make_setup(info, info.coll, 64, MLOPT_FLOAT32, MLOPT_SUM, false, 3);
     if (!CHECK(device.upload(s, false))) return;
     mlopt_comm comm = nullptr;
@@ -375,7 +398,7 @@ void test_deadlock_is_reported() {
     o.backend = MLOPT_BACKEND_CUDA;
     o.watchdog_ms = 200;
     mlopt_error err = nullptr;
-    const mlopt_status status = mlopt_comm_run(comm, plan.get(), device.pointers.inputs.data(),
+    const mlopt_status status = mlopt_comm_run(comm, &plan, device.pointers.inputs.data(),
                                                device.pointers.outputs.data(), s.count, MLOPT_FLOAT32, MLOPT_SUM, &o,
                                                &err);
     CHECK_EQ(status, MLOPT_ERR_DEADLOCK);

@@ -15,6 +15,7 @@ Only what the ET importer needs is read:
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -84,6 +85,9 @@ def parse_kineto(doc: Any, source: str) -> KinetoTrace:
         ts, dur = _number(ev.get("ts")), _number(ev.get("dur"))
         if ts is None or dur is None:
             raise InputError(source, f"$.traceEvents[{i}]", "complete event (ph \"X\") without numeric `ts` and `dur`")
+        for key, value in (("ts", ts), ("dur", dur)):
+            if not math.isfinite(value):  # NaN/Infinity tokens or 1e400: would become op times
+                raise InputError(source, f"$.traceEvents[{i}].{key}", f"{value} is not a finite number")
         if dur < 0:
             raise InputError(source, f"$.traceEvents[{i}].dur", f"negative duration {dur}")
         ext = _int(args.get("External id"))
@@ -96,11 +100,22 @@ def parse_kineto(doc: Any, source: str) -> KinetoTrace:
             continue
         # Record function ids are unique per host op; keep the first event should a trace repeat one.
         events.setdefault(rf, KinetoEvent(str(ev.get("name", "")), ts, dur, ext))
-    info = doc.get("distributedInfo")
-    rank = world = None
-    if isinstance(info, dict):
-        rank, world = _int(info.get("rank")), _int(info.get("world_size"))
+    rank, world = _distributed(doc.get("distributedInfo"), source)
     return KinetoTrace(events, device_us, rank, world)
+
+
+def _distributed(info: Any, source: str) -> tuple[int | None, int | None]:
+    """(rank, world size) from `distributedInfo`, each None when absent; a negative rank, an empty world or a
+    rank outside it is bad input, not something to carry into the trace."""
+    if not isinstance(info, dict):
+        return None, None
+    rank, world = _int(info.get("rank")), _int(info.get("world_size"))
+    if world is not None and world < 1:
+        raise InputError(source, "$.distributedInfo.world_size", f"{world}: a world has at least one rank")
+    if rank is not None and (rank < 0 or (world is not None and rank >= world)):
+        span = f"0..{world - 1}" if world is not None else ">= 0"
+        raise InputError(source, "$.distributedInfo.rank", f"{rank} is outside the world ({span})")
+    return rank, world
 
 
 def read_kineto(path: str | os.PathLike) -> KinetoTrace:

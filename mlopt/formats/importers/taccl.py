@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mlopt.errors import InputError
+from mlopt.formats.io import check_finite
 from mlopt.formats.topology import (
     HYBRID_CUBE_MESH_LANES,
     Link,
@@ -104,6 +105,7 @@ def import_taccl_topology(
     time_unit_us: float = 1.0,
 ) -> Topology:
     """Convert a TACCL node profile into a Topology of num_nodes identical nodes."""
+    check_finite(doc, source)  # NaN or Infinity costs would become link alpha/beta
     if not looks_like_taccl_topology(doc):
         raise InputError(source, "$", "not a TACCL topology profile (no `gpus_per_node`)")
     name = doc.get("name")
@@ -194,6 +196,7 @@ def _int_key_map(value: Any, source: str, field: str) -> dict[int, tuple[int, ..
 def import_taccl_sketch(doc: Any, source: str) -> Sketch:
     if not looks_like_taccl_sketch(doc):
         raise InputError(source, "$", "not a TACCL sketch (no `nnodes`)")
+    check_finite(doc, source)
     nnodes = doc["nnodes"]
     if not isinstance(nnodes, int) or isinstance(nnodes, bool) or nnodes < 1:
         raise InputError(source, "$.nnodes", f"expected a positive integer, found {nnodes!r}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mlopt.formats.io import atomic_write_text, sha256_bytes, write_json
+from mlopt.formats.io import canonical_json, sha256_bytes, write_files
 from mlopt.formats.msccl_xml import parse_program, write_program
 from mlopt.planners.collective.planner import CollectiveOptions, CollectivePlan
 from mlopt.planners.options import PlannerOptions
@@ -17,7 +17,7 @@ def sidecar_path(xml_path: Path) -> Path:
 
 def write_collective_plan(result: CollectivePlan, output: str, copts: CollectiveOptions,
                           options: PlannerOptions) -> tuple[Path, Path]:
-    """XML first, then the sidecar that names it by hash; the text written is re-read and compared."""
+    """The XML and the sidecar that names it by hash, both or neither; the text written is re-read and compared."""
     xml_path = Path(output)
     text = write_program(result.program, copts.xml_dialect)
     if parse_program(text, str(xml_path), copts.xml_dialect) != result.program:
@@ -25,6 +25,5 @@ def write_collective_plan(result: CollectivePlan, output: str, copts: Collective
     payload = {**result.plan.payload, "xml": xml_path.name, "xml_sha256": sha256_bytes(text.encode("utf-8"))}
     plan = result.plan.__class__(**{**result.plan.__dict__, "payload": payload})
     sidecar = sidecar_path(xml_path)
-    atomic_write_text(xml_path, text)
-    write_json(sidecar, plan.to_dict(options.record_wall_time))
+    write_files({xml_path: text, sidecar: canonical_json(plan.to_dict(options.record_wall_time))})  # both or neither
     return xml_path, sidecar

@@ -21,7 +21,7 @@ from mlopt.errors import InfeasibleError, InputError
 from mlopt.formats.importers.taccl import Sketch
 from mlopt.formats.msccl import Program
 from mlopt.formats.plan import Plan, PlanStatus, Provenance, input_hashes
-from mlopt.formats.topology import Topology
+from mlopt.formats.topology import Topology, unreachable_ranks
 from mlopt.planners.collective.algorithm import Algorithm, check_algorithm
 from mlopt.planners.options import PlannerOptions
 from mlopt.sim.bounds import lower_bound
@@ -206,6 +206,19 @@ def candidates(topology: Topology, copts: CollectiveOptions, options: PlannerOpt
     return out
 
 
+def declare_proven_modes(program: Program) -> Program:
+    """`program` declaring in place as well when the checker proves it correct with its input and output as one
+    buffer (the in-place layout of mlopt.sim.symbolic): a job calling the collective in place (torch's
+    all_reduce and broadcast) then runs it on the tensor itself, without staging the output and copying it
+    back. Unchanged when it already declares both modes or fails in place."""
+    if program.inplace and program.outofplace:
+        return program
+    variant = not program.inplace  # the mode the program does not declare yet
+    if not check_program(program, inplace=variant).ok:
+        return program
+    return replace(program, inplace=True, outofplace=True)
+
+
 def evaluate(candidate: Candidate, topology: Topology, copts: CollectiveOptions) -> Outcome:
     """Build, prove, lower, prove again, simulate. Failures are outcomes, not exceptions."""
     from mlopt.planners.collective.lowering import LoweringError, lower
@@ -226,7 +239,7 @@ def evaluate(candidate: Candidate, topology: Topology, copts: CollectiveOptions)
             outcome.reason = f"lowered program rejected by the checker: {first[0] if first else 'unknown'}"
             return outcome
         sim = simulate_program(program, topology, copts.size_bytes)
-        outcome.ok, outcome.time_us, outcome.program = True, sim.time_us, program
+        outcome.ok, outcome.time_us, outcome.program = True, sim.time_us, declare_proven_modes(program)
     except InfeasibleError as exc:
         outcome.reason = str(exc)
     except InputError:
@@ -236,26 +249,6 @@ def evaluate(candidate: Candidate, topology: Topology, copts: CollectiveOptions)
     finally:
         outcome.wall_time_s = time.perf_counter() - started
     return outcome
-
-
-def unreachable_ranks(topology: Topology) -> list[int]:
-    """Ranks not strongly connected with rank 0 over the topology's directed links."""
-    def reach(edges: dict[int, list[int]]) -> set[int]:
-        seen, todo = {0}, [0]
-        while todo:
-            for nxt in edges.get(todo.pop(), ()):
-                if nxt not in seen:
-                    seen.add(nxt)
-                    todo.append(nxt)
-        return seen
-
-    out: dict[int, list[int]] = {}
-    back: dict[int, list[int]] = {}
-    for link in topology.links:
-        out.setdefault(link.src, []).append(link.dst)
-        back.setdefault(link.dst, []).append(link.src)
-    both = reach(out) & reach(back)
-    return [r for r in range(topology.num_ranks) if r not in both]
 
 
 @dataclass(frozen=True)

@@ -34,12 +34,15 @@ def validate_collective_plan(plan: PlanFile, source: str, model_path: str | None
         if key not in payload:
             raise InputError(source, f"$.payload.{key}", "missing required field")
     xml_path = Path(source).parent / payload["xml"]
+    if Path(payload["xml"]).is_absolute() or ".." in Path(payload["xml"]).parts:
+        raise InputError(source, "$.payload.xml", f"{payload['xml']!r} is not a file name beside the plan")
     if not xml_path.is_file():
         raise InputError(source, "$.payload.xml", f"algorithm file {xml_path} not found")
     if sha256_file(xml_path) != payload["xml_sha256"]:
         raise InputError(source, "$.payload.xml_sha256", f"{xml_path} changed since the plan was written")
     program = load_program(xml_path)
     if program.coll != payload["collective"] or program.ngpus != payload["ngpus"]:
-        raise InputError(source, "$.payload.collective",
+        field = "$.payload.collective" if program.coll != payload["collective"] else "$.payload.ngpus"
+        raise InputError(source, field,
                          f"plan says {payload['collective']} on {payload['ngpus']} ranks, XML has {program.coll} on {program.ngpus}")
     return proven_program(program, str(xml_path))

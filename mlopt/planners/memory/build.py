@@ -37,6 +37,8 @@ DEFAULT_BYTES_PER_US and a warning; the problem's cost_source says which times w
 
 from __future__ import annotations
 
+from mlopt.errors import InputError
+
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -332,6 +334,8 @@ def build_problem(trace: ModelTrace, profile: dict | None = None, source: str = 
     fwd = _forward_drafts(trace, tensors, times, factors)
     drafts = fwd.drafts
     n = len(drafts)
+    if n == 0:  # nothing to checkpoint; every figure of the plan would divide by zero
+        raise InputError(source, "$.ops", "the trace has no forward ops to plan memory for")
     users = _forward_users(drafts)
     finals = _final_outputs(trace, fwd, tensors)
     backward_ops = trace.ops_by_role("backward")

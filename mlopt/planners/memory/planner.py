@@ -78,14 +78,19 @@ def _ilp_options(options: PlannerOptions) -> PlannerOptions:
     return PlannerOptions(**{**options.__dict__, "time_limit_s": DEFAULT_ILP_TIME_LIMIT_S})
 
 
+def _ratio(value: float, reference: float) -> float:
+    """value / reference; 1.0 when both are zero (a trace whose ops all take 0 us: no overhead, not a crash)."""
+    return value / reference if reference > 0 else (1.0 if value == 0 else math.inf)
+
+
 def _figures(replayed: Any, reference: Any, least_us: float) -> dict[str, Any]:
     return {
         "peak_bytes": replayed.peak_bytes,
         "compute_us": replayed.compute_us,
         "recompute_us": replayed.recompute_us,
         "forward_end_bytes": replayed.forward_end_bytes,
-        "memory_ratio": replayed.peak_bytes / reference.peak_bytes,
-        "compute_overhead": replayed.compute_us / reference.compute_us - 1.0,
+        "memory_ratio": _ratio(replayed.peak_bytes, reference.peak_bytes),
+        "compute_overhead": _ratio(replayed.compute_us, reference.compute_us) - 1.0,
         "compute_overhead_vs_least": replayed.compute_us / least_us - 1.0 if least_us > 0 else None,
     }
 

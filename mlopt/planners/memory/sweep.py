@@ -28,6 +28,8 @@ def _ratio(text: str, flag: str) -> Decimal:
         value = Decimal(text.strip())
     except InvalidOperation:
         raise InputError(flag, "ratio", f"{text.strip()!r} is not a number") from None
+    if not value.is_finite() or float(value) == math.inf:  # NaN, Infinity, or 1e400 (infinite as a float)
+        raise InputError(flag, "ratio", f"{text.strip()!r} is not a finite number")
     if not value > 0:
         raise InputError(flag, "ratio", f"{text.strip()} must be positive")
     return value

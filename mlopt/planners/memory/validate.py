@@ -40,9 +40,38 @@ def check_matches_trace(problem: MemoryProblem, payload: dict[str, Any], source:
         raise InputError(source, "$.payload.schedule.forward",
                          f"plan has {len(forward)} forward nodes, the trace gives {problem.n}: made for another trace?")
     for position, (step, node) in enumerate(zip(forward, problem.nodes)):
+        if step.get("node") != position:
+            raise InputError(source, f"$.payload.schedule.forward[{position}].node",
+                             f"is {step.get('node')}, expected {position} (forward steps run in node order)")
         if step.get("op_id") != node.op_id:
             raise InputError(source, f"$.payload.schedule.forward[{position}].op_id",
                              f"is {step.get('op_id')}, the trace's node {position} is op {node.op_id} ({node.name})")
+    check_backward_matches_trace(problem, payload["schedule"]["backward"], source)
+
+
+def check_backward_matches_trace(problem: MemoryProblem, backward: list[dict[str, Any]], source: str) -> None:
+    """Each backward stage names a node of the trace once, with that node's op id; what it recomputes and
+    keeps are nodes of the trace (the payload schema has checked the types)."""
+    first_stage: dict[int, int] = {}
+    span = f"the trace has {problem.n} nodes (0..{problem.n - 1})"
+    for position, stage in enumerate(backward):
+        where = f"$.payload.schedule.backward[{position}]"
+        node = stage["node"]
+        if node >= problem.n:
+            raise InputError(source, f"{where}.node", f"is {node}; {span}")
+        if node in first_stage:
+            raise InputError(source, f"{where}.node", f"node {node} has a second stage (its first is "
+                                                      f"$.payload.schedule.backward[{first_stage[node]}])")
+        first_stage[node] = position
+        if stage["op_id"] != problem.nodes[node].op_id:
+            raise InputError(source, f"{where}.op_id", f"is {stage['op_id']}, the trace's node {node} is op "
+                                                       f"{problem.nodes[node].op_id} ({problem.nodes[node].name})")
+        for j, item in enumerate(stage["recompute"]):
+            if item["node"] >= problem.n:
+                raise InputError(source, f"{where}.recompute[{j}].node", f"is {item['node']}; {span}")
+        for j, kept in enumerate(stage["keep"]):
+            if kept >= problem.n:
+                raise InputError(source, f"{where}.keep[{j}]", f"is {kept}; {span}")
 
 
 def replay_plan(plan: PlanFile, source: str, model_path: str) -> tuple[MemoryProblem, Schedule, Any]:

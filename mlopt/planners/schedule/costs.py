@@ -46,11 +46,16 @@ class CostTable:
 def load_cost_table(path: str | Path, channels: tuple[str, ...] | None = None) -> CostTable:
     """Read a cost table; InputError (exit 2) naming the file, row and column of the first bad value.
     `channels`: the topology's link classes, to reject a channel it does not have."""
+    from mlopt.formats.io import check_regular_file
+
     source = str(path)
+    check_regular_file(path)  # a FIFO would block the read, a device never end it
     try:
-        text = Path(path).read_text()
+        text = Path(path).read_text("utf-8")
     except OSError as exc:
         raise InputError(source, "file", f"cannot read the cost table: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise InputError(source, "file", f"not UTF-8 text (byte {exc.start}): not a CSV cost table") from None
     rows = list(csv.DictReader(text.splitlines()))
     header = tuple(rows[0].keys()) if rows else tuple(next(csv.reader(text.splitlines()), ()))
     missing = [c for c in COLUMNS if c not in header]

@@ -253,7 +253,7 @@ def system_file(path: str | os.PathLike, name: str) -> Path:
 def write_system_gantts(plan_path: str | os.PathLike, payload: Mapping[str, Any], trace, topology, source: str,
                         path: str | os.PathLike, title: str | None = None) -> list[Path]:
     """`mlopt simulate PLAN --model TRACE --topology T --gantt-systems PATH`: the combined figure at `path` and
-    one figure per system next to it (:func:`system_file`), each written atomically. Returns the paths written,
+    one figure per system next to it (:func:`system_file`), all of them or none. Returns the paths written,
     the combined one first. A plan that does not fit the trace and topology: InputError naming the plan file
     and the field (exit 2)."""
     from mlopt.errors import InputError
@@ -274,7 +274,11 @@ def write_system_gantts(plan_path: str | os.PathLike, payload: Mapping[str, Any]
     if len(set(files.values())) < len(files):
         raise InputError(plan_path, "$.payload.system_plans", "two system names map to the same file name: "
                                                               + ", ".join(sorted(schedules)))
-    written = [plot_systems(problem, schedules, path, title)]
-    for name, schedule in schedules.items():
-        written.append(plot_system(problem, schedule, files[name], title, name=name))
-    return written
+    from mlopt.formats.io import staged_files
+
+    targets = [Path(path), *files.values()]
+    with staged_files(targets) as temps:  # every figure or none
+        plot_systems(problem, schedules, temps[0], title)
+        for (name, schedule), temp in zip(schedules.items(), temps[1:]):
+            plot_system(problem, schedule, temp, title, name=name)
+    return targets

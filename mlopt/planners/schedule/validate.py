@@ -21,7 +21,24 @@ REQUIRED = ("algorithm", "options", "channels", "comm_ops", "predicted", "system
 MAX_PROOF_ELEMENTS = 1 << 16
 
 
+def _check_references(payload: dict, source: str) -> None:
+    """Comm-op ids are unique (each is one collective of the unrolled workload); a motif's deps name other
+    motifs of its comm-op (the payload schema has checked the types)."""
+    first: dict[int, int] = {}
+    for i, op in enumerate(payload["comm_ops"]):
+        if op["id"] in first:
+            raise InputError(source, f"$.payload.comm_ops[{i}].id",
+                             f"comm-op {op['id']} is also $.payload.comm_ops[{first[op['id']]}]")
+        first[op["id"]] = i
+        for j, m in enumerate(op["motifs"]):
+            for k, dep in enumerate(m.get("deps") or ()):
+                if dep >= len(op["motifs"]) or dep == j:
+                    raise InputError(source, f"$.payload.comm_ops[{i}].motifs[{j}].deps[{k}]",
+                                     f"is {dep}: expected another motif of this comm-op (0..{len(op['motifs']) - 1})")
+
+
 def _check_motifs(payload: dict, source: str) -> None:
+    _check_references(payload, source)
     iteration = payload["predicted"]["makespan_us"]
     starts: dict[float, int] = {}
     for i, op in enumerate(payload["comm_ops"]):

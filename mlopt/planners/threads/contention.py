@@ -232,7 +232,10 @@ def _sample(item: Any, source: str, where: str) -> Sample:
 
 def parse_samples(doc: Any, source: str) -> list[Sample]:
     """Samples from a parsed mlopt.contention-samples document; InputError naming the field otherwise."""
+    from mlopt.formats.io import check_finite
+
     check_header(doc, CONTENTION_SAMPLES, source)
+    check_finite(doc, source)
     unknown = sorted(set(doc) - {"format", "schema_version", "meta", "samples"})
     if unknown:
         raise InputError(source, "$", f"unknown field(s): {', '.join(unknown)}")

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from mlopt.errors import InputError
-from mlopt.formats.io import atomic_write_text, write_json
+from mlopt.formats.io import canonical_json, write_files
 from mlopt.formats.topology import Topology
 from mlopt.formats.trace import ModelTrace
 from mlopt.planners import WrittenPlan
@@ -39,7 +39,7 @@ def tuner_file_for(plan_path: str | Path) -> Path:
 
 def plan_to_files(trace: ModelTrace, source: str, options: ThreadsOptions, planner_options: PlannerOptions,
                   output: str | Path, inputs: dict[str, Any], contention_path: str | None = None):
-    """Plan and write the plan and its tuner CSV (atomically); returns the Plan."""
+    """Plan and write the plan and its tuner CSV (both or neither); returns the Plan."""
     params, contention = contention_from(contention_path)
     try:
         problem = make_problem(layers_from_trace(trace, source), options, params)
@@ -47,8 +47,8 @@ def plan_to_files(trace: ModelTrace, source: str, options: ThreadsOptions, plann
         raise InputError(contention_path or source, "threads", str(exc)) from None
     csv_path = tuner_file_for(output)
     plan, csv = plan_threads(problem, options, planner_options, inputs, contention, csv_path.name)
-    atomic_write_text(csv_path, csv)
-    write_json(output, plan.to_dict(planner_options.record_wall_time))
+    # both files or neither: a tuner CSV without its plan (or the reverse) would be applied half
+    write_files({output: canonical_json(plan.to_dict(planner_options.record_wall_time)), csv_path: csv})
     return plan
 
 

@@ -42,10 +42,13 @@ typedef enum mlopt_status {
     MLOPT_ERR_IO = 2,               /* file cannot be opened or read */
     MLOPT_ERR_PARSE = 3,            /* malformed or truncated XML/JSON (position set) */
     MLOPT_ERR_SCHEMA = 4,           /* unknown format, unsupported major schema version, missing/unknown field */
-    MLOPT_ERR_SEMANTIC = 5,         /* ranks, buffer sizes, offsets, peers, dependencies, executor limits */
+    MLOPT_ERR_SEMANTIC = 5,         /* ranks, buffer sizes, offsets, peers, dependencies, executor limits, a
+                                       deadlock the program is certain to reach */
     MLOPT_ERR_MISMATCH = 6,         /* plan and communicator/buffers disagree (rank count, sizes, dtype) */
     MLOPT_ERR_DEADLOCK = 7,         /* the watchdog saw no progress: message lists blocked ranks/tbs/steps */
-    MLOPT_ERR_UNSUPPORTED = 8,      /* dtype/op/backend not available in this build or on this machine */
+    MLOPT_ERR_UNSUPPORTED = 8,      /* dtype/op/backend not available in this build or on this machine; an
+                                       input that is valid but that mlopt does not model (a collective it
+                                       lacks, a program too large for its proof: docs/input-contract.md) */
     MLOPT_ERR_NO_MEMORY = 9,
     MLOPT_ERR_INTERNAL = 10
 } mlopt_status;
@@ -107,7 +110,9 @@ typedef struct mlopt_program_info {
     int64_t max_bytes;
     int32_t threadblocks; /* total over all gpus */
     int64_t steps;        /* total over all threadblocks */
-    int32_t i_chunks;     /* chunks per rank of the input buffer (the same on every gpu) */
+    int32_t i_chunks;     /* chunks per rank of the input buffer (the same on every gpu); as the program
+                             runs: an in-place-only program that declares 0 for the buffer it shares gets
+                             that buffer's window here (e.g. an in-place allgather's i_chunks = its share) */
     int32_t o_chunks;     /* ... of the output buffer */
     int32_t s_chunks;     /* largest scratch buffer of any gpu, in chunks */
     int32_t root;         /* broadcast: the only rank that never receives, reduce: the only one that never
