@@ -298,7 +298,7 @@ def trace(ctx: click.Context, source: str, output: str, kineto, rank, step_scope
     mypkg.models:build (any importable callable returning an nn.Module; needs the `torch` extra).
     """
     from mlopt.formats.trace import save_trace
-    from mlopt.formats.trace_sources import make_trace
+    from mlopt.trace_sources import make_trace
 
     with _progress(ctx, f"tracing {source}") as progress:
         result = make_trace(source, kineto=kineto, rank=rank, step_scope=step_scope, batch=batch, input_shape=input_shape,

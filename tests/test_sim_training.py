@@ -230,7 +230,7 @@ def test_invariants_hold(workload, options):
 
 @pytest.fixture(scope="module")
 def ddp_trace():
-    from mlopt.formats.trace_sources import make_trace
+    from mlopt.trace_sources import make_trace
 
     ex = REPO / "examples" / "ddp_mlp"
     return make_trace(str(ex / "rank0.et.json.gz"), kineto=str(ex / "rank0.kineto.json.gz"))

@@ -223,7 +223,7 @@ def test_parse_workload_spec_errors(spec, message):
 
 @pytest.fixture(scope="module")
 def ddp_trace() -> ModelTrace:
-    from mlopt.formats.trace_sources import make_trace
+    from mlopt.trace_sources import make_trace
 
     ex = REPO / "examples" / "ddp_mlp"
     return make_trace(str(ex / "rank0.et.json.gz"), kineto=str(ex / "rank0.kineto.json.gz"))

@@ -14,6 +14,7 @@ from __future__ import annotations
 import enum
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from mlopt import __version__
@@ -139,3 +140,10 @@ def plan_from_dict(doc: Any, source: str = "<plan>") -> PlanFile:
 
 def load_plan(path: str | os.PathLike) -> PlanFile:
     return plan_from_dict(read_document(path), str(path))
+
+
+def sidecar_path(xml_path: str | os.PathLike) -> Path:
+    """Where a collective plan's envelope (its sidecar) lies beside its MSCCL-EF XML: ag.xml -> ag.json; anything
+    else gets `.json` appended."""
+    xml = Path(xml_path)
+    return xml.with_suffix(".json") if xml.suffix == ".xml" else xml.with_name(xml.name + ".json")

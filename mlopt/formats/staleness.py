@@ -23,7 +23,7 @@ from mlopt import __version__
 from mlopt.errors import InputError, MloptError
 from mlopt.formats import document
 from mlopt.formats.io import canonical_json, read_bytes, read_document, sha256_bytes
-from mlopt.formats.plan import PlanFile, input_hashes, plan_from_dict
+from mlopt.formats.plan import PlanFile, input_hashes, plan_from_dict, sidecar_path
 
 # Inputs that may name a preset or generator instead of a file (hashed by their name); every other input must
 # be an existing file.
@@ -170,8 +170,6 @@ def plan_path_for(path: str | os.PathLike, kind: str) -> Path:
     """The plan file to read for PLAN: a collective plan given as its MSCCL-EF XML is read from its sidecar."""
     path = Path(path)
     if kind == "collective" and path.suffix == ".xml":
-        from mlopt.planners.collective.output import sidecar_path
-
         sidecar = sidecar_path(path)
         if not sidecar.is_file():
             raise InputError(str(path), "$", f"no JSON sidecar {sidecar.name} beside it (the plan --check reads)")

@@ -42,7 +42,7 @@ class PlannerKind:
     def files(self, output: str) -> list[str]:
         """Every file the command writes for `-o output` (relative posix paths), the plan envelope last."""
         out = PurePosixPath(output)
-        if self.name == "collective":  # mlopt.planners.collective.output.sidecar_path
+        if self.name == "collective":  # mlopt.formats.plan.sidecar_path
             return [str(out), str(out.with_suffix(".json"))]
         if self.name == "threads":  # mlopt.planners.threads.from_trace.tuner_file_for
             stem = out.name[:-5] if out.name.endswith(".json") else out.name

@@ -6,13 +6,9 @@ from pathlib import Path
 
 from mlopt.formats.io import canonical_json, sha256_bytes, write_files
 from mlopt.formats.msccl_xml import parse_program, write_program
+from mlopt.formats.plan import sidecar_path
 from mlopt.planners.collective.planner import CollectiveOptions, CollectivePlan
 from mlopt.planners.options import PlannerOptions
-
-
-def sidecar_path(xml_path: Path) -> Path:
-    """ag.xml -> ag.json; anything else gets `.json` appended."""
-    return xml_path.with_suffix(".json") if xml_path.suffix == ".xml" else xml_path.with_name(xml_path.name + ".json")
 
 
 def write_collective_plan(result: CollectivePlan, output: str, copts: CollectiveOptions,

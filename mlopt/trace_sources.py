@@ -1,4 +1,7 @@
-"""Where a model trace comes from: an Execution Trace file to import, or a PyTorch model to trace."""
+"""Where a model trace comes from: an Execution Trace file to import, or a PyTorch model to trace.
+
+An application-layer helper of `mlopt trace` (tests/test_layers.py): it reaches both the formats' importers and
+the PyTorch tracer (mlopt.runtime.torch_trace), which the formats layer must not import."""
 
 from __future__ import annotations
 
