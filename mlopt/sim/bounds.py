@@ -65,7 +65,7 @@ from dataclasses import dataclass, field
 
 from mlopt.errors import InputError
 from mlopt.formats.topology import Topology
-from mlopt.sim.network import NetworkModel
+from mlopt.sim.network import NetworkModel, call_overhead_us
 
 COLLECTIVES = ("allgather", "reducescatter", "allreduce", "alltoall", "broadcast", "reduce")
 TERM_ORDER = ("ingress", "egress", "cut", "aggregate", "latency")
@@ -320,7 +320,7 @@ class BoundModel:
                 detail[name] = where
         top = max(terms.values())
         which = next(k for k, v in terms.items() if v >= top * (1 - 1e-12))
-        overhead = self.topology.call_overhead_us if len(self.participants) > 1 else 0.0  # every run pays it
+        overhead = call_overhead_us(self.topology, len(self.participants))  # every run pays it
         return Bound(top + overhead, which, terms, self.collective, buffer_bytes, len(self.participants), detail)
 
 
