@@ -1,13 +1,13 @@
-"""Builds the C++ runtime (runtime/, cmake) into mlopt/runtime/_lib/libmlopt_runtime.so during installation.
+"""Builds the C++ runtime (runtime/, cmake) into mlopt/native/_lib/libmlopt_runtime.so during installation.
 
 Everything else about the package is in pyproject.toml. `pip install .` puts the library into the wheel
-(build/lib*/mlopt/runtime/_lib/); `pip install -e .` (PEP 660) builds it into the source tree's
-mlopt/runtime/_lib/, which the editable install points at, keeping the cmake build folder in
+(build/lib*/mlopt/native/_lib/); `pip install -e .` (PEP 660) builds it into the source tree's
+mlopt/native/_lib/, which the editable install points at, keeping the cmake build folder in
 runtime/build-setuptools/ so that reinstalling only recompiles what changed.
 
 The library is optional: the planners are pure Python. When cmake or a compiler is missing, or the build
 fails, the installation goes on with a warning (pip shows it with -v) and the reason is written to
-mlopt/runtime/_lib/build-error.txt, which mlopt.runtime.native quotes when asked for the library.
+mlopt/native/_lib/build-error.txt, which mlopt.native.binding quotes when asked for the library.
 MLOPT_SKIP_RUNTIME_BUILD=1 skips the build; MLOPT_CMAKE_ARGS adds cmake arguments (e.g. -DMLOPT_CUDA=ON).
 """
 
@@ -27,7 +27,7 @@ from setuptools.dist import Distribution
 ROOT = Path(__file__).resolve().parent
 RUNTIME_SOURCE = ROOT / "runtime"
 LIBRARY_NAME = "libmlopt_runtime.so"
-PACKAGE_LIB_DIR = Path("mlopt", "runtime", "_lib")  # relative to the source tree or build_lib
+PACKAGE_LIB_DIR = Path("mlopt", "native", "_lib")  # relative to the source tree or build_lib
 BUILD_ERROR_NOTE = "build-error.txt"
 EDITABLE_BUILD_DIR = RUNTIME_SOURCE / "build-setuptools"  # gitignored (/runtime/build*/)
 
@@ -119,7 +119,7 @@ class BuildRuntime(Command):
         message = (f"\n{banner}\nWARNING: the mlopt runtime library (C++, runtime/) was not built: {summary} "
                    f"(details: {note})\n"
                    f"mlopt is installed without it: the planners work; `mlopt run-collective` and "
-                   f"mlopt.runtime.native need it (fix the problem and reinstall, or build with cmake and set "
+                   f"mlopt.native.binding need it (fix the problem and reinstall, or build with cmake and set "
                    f"MLOPT_RUNTIME_LIB).\n{banner}\n")
         print(message, file=sys.stderr, flush=True)
 

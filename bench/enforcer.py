@@ -5,7 +5,7 @@
 
 The DLRM-like example (examples/schedule/models.py) with every communicated size scaled by --bytes-scale (the
 full sizes would need GBs per rank) is planned by `mlopt plan schedule` on dgx-a100x2, then run by
-`mlopt.runtime.enforcer.run_iteration_harness`: one application thread per rank walks the trace's second
+`mlopt.native.enforcer.run_iteration_harness`: one application thread per rank walks the trace's second
 unrolled iteration (compute = sleep of the traced time x --compute-scale; comm = submit to the enforcer, wait
 before the compute that consumes it), and every comm-op runs through the CPU interpreter, as motifs of the
 plan in its sequence order ("planned") or as one motif per op in submission order ("fifo", PyTorch's default).
@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from mlopt.formats.loaders import load_trace_any  # noqa: E402
-from mlopt.runtime.enforcer import Item, MotifTable, period_items, run_iteration_harness  # noqa: E402
+from mlopt.native.enforcer import Item, MotifTable, period_items, run_iteration_harness  # noqa: E402
 from mlopt.sim import workload as wl  # noqa: E402
 
 CACHE = REPO / "bench" / ".cache" / "enforcer"

@@ -21,7 +21,7 @@ schedule beats: the price of the memory saving alone.
 
 --channels-last traces each model with its parameters and inputs in torch.channels_last (`mlopt trace
 --channels-last`; on CPU, oneDNN's NHWC convolutions), so store-all is the step a channels-last training
-job runs and every plan is one `mlopt.runtime.torch` applies to that job as it is. It writes
+job runs and every plan is one `mlopt.pytorch.memory` applies to that job as it is. It writes
 bench/results/memory-channels-last.json, docs/memory-benchmark-channels-last.md and
 docs/memory-channels-last-<model>.png.
 """
@@ -65,7 +65,7 @@ BASELINES = ("sqrt", "greedy")
 
 def traced(model: str, batch: int, memory_format: str = "contiguous"):
     """The model's trace at this batch (and memory format), traced once and cached."""
-    from mlopt.runtime.torch_trace import trace_model_spec
+    from mlopt.pytorch.trace import trace_model_spec
 
     layout = "" if memory_format == "contiguous" else f"-{memory_format}"
     path = CACHE / f"{model}-b{batch}{layout}.trace.json"

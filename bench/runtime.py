@@ -7,7 +7,7 @@
 For every collective and rank count N two XMLs are planned (written to bench/.cache/runtime/): the ring
 (`--topology ring:N --algorithm ring`) and the planner's best (`--topology fully-connected:N --algorithm
 auto`: ranks on one shared-memory machine can all reach each other directly). Each is run by the runtime's
-CPU interpreter through mlopt.runtime.run_collective (ranks are threads of this process; every run's output
+CPU interpreter through mlopt.native.run_collective (ranks are threads of this process; every run's output
 is checked against numpy, a mismatch stops the bench), and the same collectives are timed in the same run
 with torch.distributed's gloo backend (N processes on this machine, one process group per N). The physical
 limit is a single-threaded numpy copy of the same number of bytes. At a tiny size the time per executed
@@ -261,7 +261,7 @@ def markdown(results: dict) -> str:
         "with `--topology fully-connected:N --algorithm auto` (every rank of one shared-memory machine can reach "
         f"every other directly), both planned at `--size {format_size(config['plan_size'])}`. Run by the "
         f"runtime's CPU interpreter in this process (ranks are threads, {threads} worker thread(s)) through "
-        "`mlopt.runtime.run_collective`: random float32 data, op sum, output buffers reused across runs, "
+        "`mlopt.native.run_collective`: random float32 data, op sum, output buffers reused across runs, "
         "every run's outputs checked against numpy; time = the library's own wall time of one collective.",
         "- **gloo**: `torch.distributed` with the gloo backend, N processes on this machine (`OMP_NUM_THREADS=1`, "
         "one process group "
@@ -317,7 +317,7 @@ def plan_xml(collective: str, ranks: int, variant: str, plan_size: int, folder: 
                                        PlannerOptions())
     except MloptError as exc:
         return {**record, "error": f"{type(exc).__name__}: {exc}"}
-    from mlopt.runtime import native
+    from mlopt.native import binding as native
 
     with native.Plan.load(str(xml)) as plan:
         info = plan.program_info
@@ -337,7 +337,7 @@ def display_path(path: str) -> str:
 
 def run_checked(xml: dict, size: int, iterations: int, threads: int):
     """run_collective on the XML; RuntimeError when any rank's output is wrong."""
-    from mlopt.runtime.run_collective import RunCollectiveOptions, raise_for_mismatch, run_collective
+    from mlopt.native.run_collective import RunCollectiveOptions, raise_for_mismatch, run_collective
 
     report = run_collective(xml["file"], RunCollectiveOptions(size_bytes=fit_size(size, xml["step_bytes"]),
                                                               iterations=iterations, threads=threads,
@@ -527,11 +527,11 @@ def machine() -> dict:
         torch_version = torch.__version__
     except ImportError:
         torch_version = "not installed"
-    from mlopt.runtime import native
+    from mlopt.native import binding as native
 
-    dirty = git("status", "--porcelain", "--", "runtime", "mlopt/runtime")
+    dirty = git("status", "--porcelain", "--", "runtime", "mlopt/native")
     commit = (git("rev-parse", "--short", "HEAD") or "unknown") + (
-        " (runtime/ or mlopt/runtime/ with uncommitted changes)" if dirty else "")
+        " (runtime/ or mlopt/native/ with uncommitted changes)" if dirty else "")
     return {"cpu_count": os.cpu_count(), "cpu_model": cpuinfo("model name"), "memory": memory(),
             "kernel": platform.release(), "python": platform.python_version(), "numpy": np.__version__,
             "torch": torch_version, "library_version": ".".join(map(str, native.version())), "commit": commit}

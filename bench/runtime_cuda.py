@@ -28,7 +28,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
-# (topology, collective, algorithm, root): what tests/test_runtime_native.py runs on the CPU backend, so both
+# (topology, collective, algorithm, root): what tests/native/test_binding.py runs on the CPU backend, so both
 # backends see every algorithm family the planner has (2 to 32 ranks).
 CORRECTNESS_CASES = [
     ("ring:2", "allgather", "ring", 0),
@@ -108,7 +108,7 @@ def run_ctest(build_dir: Path, xml_dir: Path, log: Path) -> bool:
 
 
 def run_python_tests(build_dir: Path, log: Path) -> bool | None:
-    """tests/test_runtime_cuda.py against the library just built (None: torch or pytest missing here)."""
+    """tests/runtime/test_cuda.py against the library just built (None: torch or pytest missing here)."""
     try:
         import pytest  # noqa: F401
         import torch  # noqa: F401
@@ -117,7 +117,7 @@ def run_python_tests(build_dir: Path, log: Path) -> bool | None:
     env = {**os.environ, "MLOPT_RUNTIME_LIB": str((build_dir / "libmlopt_runtime.so").resolve()),
            "PYTHONPATH": str(REPO)}
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                           str(REPO / "tests" / "test_runtime_cuda.py")], env=env, cwd=REPO,
+                           str(REPO / "tests" / "runtime" / "test_cuda.py")], env=env, cwd=REPO,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     log.write_text(done.stdout)
     print(done.stdout[-2000:])
@@ -252,7 +252,7 @@ def render(meta: dict, records: list[dict], command: str) -> str:
         f"copy; a collective moves several). Slices of {BENCH_CHUNK_BYTES >> 20} MiB per chunk (`chunk_bytes`), "
         "float32, sum.",
         f"On that machine, ctest (test_cuda_backend: every XML on both backends, every byte compared): "
-        f"{verdict(meta.get('ctest_passed'))}; tests/test_runtime_cuda.py (torch CUDA tensors): "
+        f"{verdict(meta.get('ctest_passed'))}; tests/runtime/test_cuda.py (torch CUDA tensors): "
         f"{verdict(meta.get('python_tests_passed'))}; test_cuda_backend under compute-sanitizer memcheck: "
         f"{verdict(meta.get('memcheck_passed'))}.",
         "",

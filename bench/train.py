@@ -114,7 +114,7 @@ def applied_kinds(report: list[str]) -> str:
 def runtime_library() -> str:
     """The runtime library the jobs load (MLOPT_RUNTIME_LIB or the bundled one) and its version."""
     sys.path.insert(0, str(REPO))
-    from mlopt.runtime import native
+    from mlopt.native import binding as native
 
     lib = native.library()
     path = Path(lib._name).resolve()

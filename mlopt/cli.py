@@ -12,12 +12,16 @@ import math
 import sys
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import click
 
 from mlopt import __version__
 from mlopt.errors import InputError, MloptError
+
+if TYPE_CHECKING:  # the command imports what a subcommand needs when it runs (startup stays fast)
+    from mlopt.planners.protocol import SimulatedIteration, SimulationFacts
 
 EXIT_INTERNAL = 1
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what shells report for a job stopped by Ctrl-C
@@ -329,13 +333,14 @@ def _check_or_write(ctx: click.Context, kind: str, kwargs: dict[str, Any], input
         return False
     import tempfile
 
+    from mlopt import plan_check
     from mlopt.formats import staleness as st
 
     if ctx.params.get("sweep_text"):
         raise click.UsageError("--check takes one plan: check the plans of a --sweep one by one")
     path, strict = kwargs["check_path"], kwargs["strict_version"]
-    checks = (st.check_index(path, inputs, options.to_dict(), strict) if kind == "index"
-              else [st.check_plan(path, kind, inputs, options.to_dict(), specific, strict)])
+    checks = (plan_check.check_index(path, inputs, options.to_dict(), strict) if kind == "index"
+              else [plan_check.check_plan(path, kind, inputs, options.to_dict(), specific, strict)])
     if kwargs["resolve"]:
         timed = st.recorded_wall_time([Path(c.plan) for c in checks])
         if timed is not None:
@@ -343,7 +348,7 @@ def _check_or_write(ctx: click.Context, kind: str, kwargs: dict[str, Any], input
                              "cannot repeat its bytes; --check it without --resolve")
         obj, verbose = ctx.obj if ctx.obj is not None else {}, (ctx.obj or {}).get("verbose", 1)
         with tempfile.TemporaryDirectory(prefix="mlopt-check-") as tmp:
-            out = st.rerun_output(kind, path, Path(tmp))
+            out = plan_check.rerun_output(kind, path, Path(tmp))
             overrides = {"check_path": None, "resolve": False, "output": str(out), "as_json": False,
                          "record_wall_time": False, **({"dump_model": None} if "dump_model" in ctx.params else {})}
             try:
@@ -782,43 +787,75 @@ def _iteration_workload(model_path: str | None, workload_spec: str | None, itera
     return (wl.chain(base, iterations) if iterations > 1 else base), trace, model_path
 
 
+def _simulated_kinds() -> dict[str, SimulationFacts]:
+    """The plan kinds `mlopt simulate` applies, with how (their entries in mlopt.planners.registry)."""
+    from mlopt.planners.registry import planner_kinds
+
+    return {k.name: k.simulation for k in planner_kinds() if k.simulation is not None}
+
+
+def _refuse_unapplied(plans: Sequence[tuple[str, str]], applied: dict[str, SimulationFacts]) -> None:
+    """A plan named on the command line of a kind the simulator does not apply is bad input."""
+    for kind, path in plans:
+        if kind not in applied:
+            raise InputError(path, "kind", f"the iteration simulator applies {', '.join(applied)} plans; {kind!r} "
+                                           f"plans are not supported yet")
+
+
+def _plans_by_kind(plans: Sequence[tuple[str, str]], applied: dict[str, SimulationFacts],
+                   has_trace: bool) -> dict[str, list[str]]:
+    """Plan paths by kind; a usage error for a kind that needs a trace without --model, or two plans of a kind
+    that takes one."""
+    by_kind: dict[str, list[str]] = {}
+    for kind, path in plans:
+        if applied[kind].needs_trace and not has_trace:
+            raise click.UsageError(f"{kind} plans apply to a trace: give --model TRACE")
+        by_kind.setdefault(kind, []).append(path)
+    for kind, paths in by_kind.items():
+        if applied[kind].at_most_one and len(paths) > 1:
+            raise click.UsageError(f"give at most one {kind} plan")
+    return by_kind
+
+
+def _apply_plans(iteration: SimulatedIteration, by_kind: dict[str, list[str]],
+                 applied: dict[str, SimulationFacts]) -> SimulatedIteration:
+    """Each kind's plans applied to the workload, kinds in stage order; a plan superseded by a plan of another
+    kind given too is left out with a warning."""
+    for kind in sorted(by_kind, key=lambda k: applied[k].stage):
+        facts = applied[kind]
+        superseding, why = facts.superseded_by
+        if any(by_kind.get(other) for other in superseding):
+            for path in by_kind[kind]:
+                click.echo(f"mlopt: warning: {path}: not applied ({why})", err=True)
+            continue
+        for path in by_kind[kind] if facts.apply is not None else ():
+            iteration = facts.apply(iteration, path)
+    return iteration
+
+
 def _simulate_iteration(files, topology_spec, topology_opts, model_path, workload_spec, options, gantt_path,
                         exposed_path, as_json, gantt_systems_path=None) -> None:
     from mlopt.formats.loaders import resolve_topology
+    from mlopt.planners.protocol import SimulatedIteration
     from mlopt.sim import evaluate as ev
 
     if topology_spec is None:
         raise click.UsageError("the iteration simulator needs --topology")
     topology = resolve_topology(topology_spec, topology_opts)
     workload, trace, source = _iteration_workload(model_path, workload_spec, options.iterations)
-    plans = ev.classify_plans(files or ())
-    if trace is not None or not (plans.memory or plans.threads or plans.schedules):  # else a usage error below
-        _validate_plans(files or (), model_path, topology_spec)
+    applied = _simulated_kinds()
+    plans = ev.classify_plans(files or (), applied_kinds=tuple(applied))
+    _refuse_unapplied(plans.plans, applied)
+    if trace is not None or not any(applied[kind].needs_trace for kind, _ in plans.plans):
+        _validate_plans(files or (), model_path, topology_spec)  # else a usage error below
     for entry in plans.left_out:
         click.echo(f"mlopt: warning: {entry}: not applied (the iteration simulator does not model it yet)", err=True)
-    if (plans.memory or plans.threads) and trace is None:
-        raise click.UsageError("memory and thread plans apply to a trace: give --model TRACE")
-    if len(plans.threads) > 1 or len(plans.schedules) > 1:
-        raise click.UsageError("give at most one thread plan and one schedule plan")
-    if plans.schedules and trace is None:
-        raise click.UsageError("a schedule plan applies to a trace: give --model TRACE")
-    if gantt_systems_path and not plans.schedules:
+    by_kind = _plans_by_kind(plans.plans, applied, trace is not None)
+    schedules = by_kind.get("schedule", [])
+    if gantt_systems_path and not schedules:
         raise click.UsageError("--gantt-systems draws the systems of a schedule plan: give one (mlopt plan schedule)")
-    for path in plans.threads:
-        from mlopt.formats.plan import load_plan
-
-        workload = ev.with_thread_plan(workload, load_plan(path).payload, trace, path)
-    for path in plans.memory:
-        workload = ev.with_recomputation(workload, ev.memory_recomputation(path, model_path), trace, path)
-    order = ()
-    if plans.threads and plans.schedules:
-        for path in plans.schedules:
-            click.echo(f"mlopt: warning: {path}: not applied (it orders the trace's comm-ops; the thread plan "
-                       f"re-buckets them: simulate the schedule plan without the thread plan)", err=True)
-    for path in () if plans.threads else plans.schedules:
-        from mlopt.formats.plan import load_plan
-
-        workload, order = ev.with_schedule_plan(workload, load_plan(path).payload, path)
+    iteration = _apply_plans(SimulatedIteration(workload, trace, model_path), by_kind, applied)
+    workload, order = iteration.workload, iteration.order
     report = ev.evaluate(workload, topology, options, ev.xml_plans(plans.xmls), source=source, order=order)
     title = f"{workload.name} on {topology.name}"
     _write_plots({gantt_path: lambda p: _plot("plot_gantt", report, p, title),
@@ -827,8 +864,8 @@ def _simulate_iteration(files, topology_spec, topology_opts, model_path, workloa
         from mlopt.formats.plan import load_plan
         from mlopt.planners.schedule.gantt import write_system_gantts
 
-        write_system_gantts(plans.schedules[0], load_plan(plans.schedules[0]).payload, trace, topology, source,
-                            gantt_systems_path, title=f"{title}: systems of {Path(plans.schedules[0]).name}")
+        write_system_gantts(schedules[0], load_plan(schedules[0]).payload, trace, topology, source,
+                            gantt_systems_path, title=f"{title}: systems of {Path(schedules[0]).name}")
     if as_json:
         _print_json(ev.summary(report, topology, options, workload))
         return
@@ -1197,7 +1234,7 @@ def run_collective_cmd(xml_path: str, ranks, size_text, dtype, op, in_place, ite
     """Run an MSCCL-EF algorithm on the CPU runtime, check every rank's output against the collective computed
     directly, and report GB/s. Exit 1 when an output is wrong, 2 for bad input."""
     from mlopt.formats.sizes import parse_size
-    from mlopt.runtime.run_collective import RunCollectiveOptions, raise_for_mismatch, run_collective
+    from mlopt.native.run_collective import RunCollectiveOptions, raise_for_mismatch, run_collective
 
     options = RunCollectiveOptions(
         size_bytes=parse_size(size_text), ranks=ranks, dtype=dtype, op=op, in_place=in_place, iterations=iterations,

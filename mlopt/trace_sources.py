@@ -1,7 +1,7 @@
 """Where a model trace comes from: an Execution Trace file to import, or a PyTorch model to trace.
 
 An application-layer helper of `mlopt trace` (tests/test_layers.py): it reaches both the formats' importers and
-the PyTorch tracer (mlopt.runtime.torch_trace), which the formats layer must not import."""
+the PyTorch tracer (mlopt.pytorch.trace), which the formats layer must not import."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def make_trace(source: str, *, kineto: str | None = None, rank: int | None = Non
     if ":" not in source:
         raise InputError(source, "$", "no such file, and not a model spec like torchvision:resnet50")
     try:
-        from mlopt.runtime.torch_trace import trace_model_spec
+        from mlopt.pytorch.trace import trace_model_spec
     except ImportError as exc:
         raise InputError(source, "model", f"tracing a model needs PyTorch: pip install 'mlopt[torch]' ({exc})") from None
     shape = parse_shape(input_shape) if input_shape else None

@@ -1,31 +1,18 @@
 """`mlopt validate`: check any mlopt file without a solver.
 
 Topologies and traces get their schema and semantic checks; plans get the envelope check and then their
-kind's payload validator (registered by each planner as it lands), which replays the plan.
+kind's payload validator (its entry in mlopt.planners.registry), which replays the plan.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from mlopt.errors import InputError
 from mlopt.formats.loaders import Loaded, load_any
 from mlopt.formats.plan import PlanFile
-
-# kind -> validator(plan, source, model_path, topology_spec) returning a one-line detail; raises InputError
-PayloadValidator = Callable[[PlanFile, str, "str | None", "str | None"], str]
-
-
-def payload_validators() -> dict[str, PayloadValidator]:
-    """Validators for plan payloads, one per planner kind available in this release."""
-    from mlopt.planners.collective.validate import validate_collective_plan
-    from mlopt.planners.memory.validate import validate_memory_plan
-    from mlopt.planners.schedule.validate import validate_schedule_plan
-    from mlopt.planners.threads.validate import validate_threads_plan
-
-    return {"collective": validate_collective_plan, "memory": validate_memory_plan,
-            "threads": validate_threads_plan, "schedule": validate_schedule_plan}
+from mlopt.planners.registry import find_kind
 
 
 @dataclass(frozen=True)
@@ -81,7 +68,7 @@ def validate_file(path: str, model_path: str | None = None, topology_spec: str |
     if loaded.kind != "plan":
         return ValidationResult(path, loaded.kind, _detail(loaded))
     plan: PlanFile = loaded.value
-    validator = payload_validators().get(plan.kind)
-    if validator is None:
+    kind = find_kind(plan.kind)
+    if kind is None:
         raise InputError(path, "$.kind", f"no validator for plan kind {plan.kind!r} in this mlopt")
-    return ValidationResult(path, f"{plan.kind} plan", validator(plan, path, model_path, topology_spec))
+    return ValidationResult(path, f"{plan.kind} plan", kind.validate(plan, path, model_path, topology_spec))

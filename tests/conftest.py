@@ -43,7 +43,7 @@ def run_cli(capsys):
 def torchvision_module():
     """torchvision (with mlopt's nms shim when its compiled ops do not load); skips when unusable or absent."""
     pytest.importorskip("torch")
-    from mlopt.runtime.torch_models import import_torchvision
+    from mlopt.pytorch.models import import_torchvision
 
     try:
         module, shim = import_torchvision()
@@ -69,8 +69,8 @@ def ddp_example_trace(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def runtime_library():
-    """Skip when the C++ runtime library is not built (mlopt.runtime.native finds none)."""
-    from mlopt.runtime import native
+    """Skip when the C++ runtime library is not built (mlopt.native.binding finds none)."""
+    from mlopt.native import binding as native
 
     try:
         native.library()

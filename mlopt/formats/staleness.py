@@ -1,9 +1,9 @@
 """Is a committed plan current? The comparisons behind `mlopt plan ... --check PLAN` (docs/plan-check.md).
 
 A plan records, in its provenance, the sha256 of every input file (presets and generators hashed by their
-name), the options it ran with and the mlopt version. `check_plan` recomputes the hashes of the inputs given
-on the command line now and compares the three; `check_index` does it for every plan an `mlopt plan --model`
-index lists. `compare_outputs` is the `--resolve` half: the files a re-run wrote into a temporary folder
+name), the options it ran with and the mlopt version. The comparisons here know the plan envelope, not the
+planners: `mlopt.plan_check` puts them together with each kind's own facts (mlopt.planners.registry) to check
+a plan or every plan an `mlopt plan --model` index lists. `compare_outputs` is the `--resolve` half: the files a re-run wrote into a temporary folder
 against the committed ones, byte for byte, naming the first differing JSON path (or line) when they differ.
 
 A plan is *stale* when an input's hash, an input's presence, an option or (with `strict_version`) the mlopt
@@ -22,8 +22,8 @@ from typing import Any
 from mlopt import __version__
 from mlopt.errors import InputError, MloptError
 from mlopt.formats import document
-from mlopt.formats.io import canonical_json, read_bytes, read_document, sha256_bytes
-from mlopt.formats.plan import PlanFile, input_hashes, plan_from_dict, sidecar_path
+from mlopt.formats.io import canonical_json, read_bytes, read_document
+from mlopt.formats.plan import PlanFile, input_hashes, plan_from_dict
 
 # Inputs that may name a preset or generator instead of a file (hashed by their name); every other input must
 # be an existing file.
@@ -114,23 +114,16 @@ def _plain(value: Any) -> Any:
     return json.loads(canonical_json(value))
 
 
-def recorded_options(plan: PlanFile, source: str) -> dict[str, tuple[str, Any]]:
+def recorded_options(plan: PlanFile, source: str, own: dict[str, tuple[str, Any]] | None = None
+                     ) -> dict[str, tuple[str, Any]]:
     """Every option the plan records, by name: (its JSON path in the plan, its value). The shared planner
-    options live in provenance.options (with the collective planner's own); the threads and schedule planners
-    keep theirs in payload.options, the memory planner its algorithm and budget at the payload's top."""
+    options live in provenance.options (with the collective planner's own); `own` adds the options a kind keeps
+    in its payload (its planner's StalenessFacts.recorded_options, mlopt.planners.protocol)."""
     options = plan.provenance.get("options")
     if not isinstance(options, dict):
         raise InputError(source, "$.provenance.options", "missing or not an object")
     out = {name: (f"$.provenance.options.{name}", value) for name, value in options.items()}
-    payload = plan.payload if isinstance(plan.payload, dict) else {}
-    if plan.kind in ("threads", "schedule") and isinstance(payload.get("options"), dict):
-        out.update({name: (f"$.payload.options.{name}", v) for name, v in payload["options"].items()})
-    if plan.kind == "memory":  # a plan made for a ratio derived its budget in bytes: that is no option
-        names = ("algorithm", "budget_ratio") if payload.get("budget_ratio") is not None else (
-            "algorithm", "budget_bytes", "budget_ratio")
-        out.update({name: (f"$.payload.{name}", payload.get(name)) for name in names})
-        if "search_share" in payload:  # plans made before the search existed record none (they are stale)
-            out["search_share"] = ("$.payload.search_share", payload["search_share"])
+    out.update(own or {})
     return out
 
 
@@ -153,28 +146,8 @@ def compare_options(recorded: dict[str, tuple[str, Any]], expected: dict[str, An
     return out
 
 
-def expected_options(kind: str, planner_options: dict[str, Any], specific: dict[str, Any] | None) -> dict[str, Any]:
-    """The options a plan of this kind made now would record (see recorded_options). A memory plan made for a
-    budget ratio records the budget in bytes it derived: that one is an option only when --budget is given."""
-    specific = dict(specific or {})
-    if kind == "memory" and specific.get("budget_bytes") is None:
-        specific.pop("budget_bytes", None)
-    return {**planner_options, **specific}
-
-
 # ---------------------------------------------------------------------------------------------------------
 # plan files
-
-
-def plan_path_for(path: str | os.PathLike, kind: str) -> Path:
-    """The plan file to read for PLAN: a collective plan given as its MSCCL-EF XML is read from its sidecar."""
-    path = Path(path)
-    if kind == "collective" and path.suffix == ".xml":
-        sidecar = sidecar_path(path)
-        if not sidecar.is_file():
-            raise InputError(str(path), "$", f"no JSON sidecar {sidecar.name} beside it (the plan --check reads)")
-        return sidecar
-    return path
 
 
 def load_plan_of_kind(path: str | os.PathLike, kind: str) -> PlanFile:
@@ -185,39 +158,6 @@ def load_plan_of_kind(path: str | os.PathLike, kind: str) -> PlanFile:
     if not isinstance(plan.provenance, dict) or not isinstance(plan.payload, dict):
         raise InputError(str(path), "$.provenance", "missing or not an object")
     return plan
-
-
-def _collective_xml(path: Path, plan: PlanFile) -> list[str]:
-    """A collective plan's XML must still be the one its sidecar names by hash."""
-    name, digest = plan.payload.get("xml"), plan.payload.get("xml_sha256")
-    if not isinstance(name, str) or not isinstance(digest, str):
-        raise InputError(str(path), "$.payload.xml", "missing: not a collective plan sidecar")
-    xml = path.with_name(name)
-    if not xml.is_file():
-        return [f"its XML {xml} is missing"]
-    now = sha256_bytes(xml.read_bytes())
-    if now != digest:
-        return [f"its XML {xml} changed after planning (sha256 {_short(digest)} in $.payload.xml_sha256 -> "
-                f"{_short(now)})"]
-    return []
-
-
-def check_plan(path: str | os.PathLike, kind: str, inputs: dict[str, Any], planner_options: dict[str, Any],
-               specific: dict[str, Any] | None = None, strict_version: bool = False) -> PlanCheck:
-    """Compare the plan at `path` with the inputs and options a planner subcommand was given now."""
-    path = plan_path_for(path, kind)
-    plan = load_plan_of_kind(path, kind)
-    current = current_inputs(inputs)
-    result = PlanCheck(str(path), kind)
-    result.stale += compare_inputs(plan.provenance.get("inputs"), current, inputs, str(path))
-    result.stale += compare_options(recorded_options(plan, str(path)),
-                                    expected_options(kind, planner_options, specific), complete=True)
-    if kind == "collective":
-        result.stale += _collective_xml(path, plan)
-    stale, warnings = compare_version(plan.provenance.get("mlopt_version"), strict_version)
-    result.stale += stale
-    result.warnings += warnings
-    return result
 
 
 def index_path_for(path: str | os.PathLike) -> Path:
@@ -232,57 +172,8 @@ def load_index(path: Path) -> dict[str, Any]:
     return doc
 
 
-def check_index(path: str | os.PathLike, inputs: dict[str, Any], planner_options: dict[str, Any],
-                strict_version: bool = False) -> list[PlanCheck]:
-    """The index itself (its inputs and version), then every plan it lists (its inputs, the shared planner
-    options, its version); a listed plan that is missing or of another kind is stale, not bad input."""
-    path = index_path_for(path)
-    index = load_index(path)
-    current = current_inputs(inputs)
-    head = PlanCheck(str(path), "index")
-    head.stale += compare_inputs(index.get("inputs"), current, inputs, str(path))
-    stale, warnings = compare_version(index.get("mlopt_version"), strict_version)
-    head.stale += stale
-    head.warnings += warnings
-    checks = [head]
-    for i, entry in enumerate(index.get("plans", [])):
-        plan_path = path.parent / str(entry.get("file"))
-        check = PlanCheck(str(plan_path), str(entry.get("kind")))
-        checks.append(check)
-        if not plan_path.is_file():
-            check.stale.append(f"listed in {path} ($.plans[{i}]) but missing")
-            continue
-        try:
-            plan = load_plan_of_kind(plan_path, check.kind)
-        except InputError as exc:
-            check.stale.append(f"not the plan {path} lists: {exc}")
-            continue
-        check.stale += compare_inputs(plan.provenance.get("inputs"), current, inputs, str(plan_path))
-        check.stale += compare_options(recorded_options(plan, str(plan_path)), planner_options, complete=False)
-        if check.kind == "collective":
-            check.stale += _collective_xml(plan_path, plan)
-        stale, warnings = compare_version(plan.provenance.get("mlopt_version"), strict_version)
-        check.stale += stale
-        check.warnings += warnings
-    return checks
-
-
 # ---------------------------------------------------------------------------------------------------------
 # --resolve: a re-run's files against the committed ones
-
-
-def rerun_output(kind: str, plan_path: str | os.PathLike, tmp_dir: Path) -> Path:
-    """Where a re-run writes (in `tmp_dir`) so that its files have the committed files' names: the index's
-    folder for the umbrella command, the XML for a collective plan, the plan's own name otherwise."""
-    if kind == "index":
-        return tmp_dir / "plans"
-    path = plan_path_for(plan_path, kind)
-    if kind == "collective":
-        name = load_plan_of_kind(path, kind).payload.get("xml")
-        if not isinstance(name, str) or not name or "/" in name:
-            raise InputError(str(path), "$.payload.xml", "missing or not a file name")
-        return tmp_dir / name
-    return tmp_dir / path.name
 
 
 def recorded_wall_time(paths: list[Path]) -> Path | None:

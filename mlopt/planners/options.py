@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from mlopt.solvers import SolveOptions
@@ -27,6 +27,17 @@ class PlannerOptions:
         if d["node_limit"] is None:
             d.pop("node_limit")  # plans made before the knob existed keep their provenance
         return d
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "PlannerOptions":
+        """The options back from `to_dict` (a plan's provenance.options, a sweep's cell); the output-only knobs
+        and any option left out take their defaults. An option PlannerOptions does not have is a ValueError
+        (provenance.options of a collective plan also holds that planner's own options: pick the shared ones)."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"PlannerOptions has no option {unknown[0]!r} (it has {', '.join(sorted(known))})")
+        return cls(**data)
 
     def solve_options(self, dump_suffix: str = "") -> SolveOptions:
         """Options for one solve; a planner with several solves names each dump with a suffix."""

@@ -11,26 +11,21 @@ from mlopt.formats.io import write_json
 from mlopt.formats.plan import input_hashes
 from mlopt.formats.topology import Topology
 from mlopt.formats.trace import ModelTrace
-from mlopt.planners import PLANNER_KINDS, registered_planners
 from mlopt.planners.options import PlannerOptions
+from mlopt.planners.registry import planner_kinds
 
 
 def plan_all(trace: ModelTrace, topology: Topology | None, options: PlannerOptions, out_dir: Path,
              inputs: dict[str, str | None]) -> dict[str, Any]:
     """Write one plan per applicable planner plus `index.json`; returns the index."""
-    entries = {e.kind: e for e in registered_planners()}
     plans, skipped = [], []
-    for kind in PLANNER_KINDS:
-        entry = entries.get(kind)
-        if entry is None:
-            skipped.append({"kind": kind, "reason": "planner not available in this release"})
-            continue
-        reason = entry.why_not(trace, topology)
+    for kind in planner_kinds():
+        reason = kind.why_not(trace, topology)
         if reason:
-            skipped.append({"kind": kind, "reason": reason})
+            skipped.append({"kind": kind.name, "reason": reason})
             continue
-        for written in entry.run(trace, topology, options, out_dir, inputs):
-            plans.append({"kind": kind, "file": written.file, "status": written.plan.status.value,
+        for written in kind.run(trace, topology, options, out_dir, inputs):
+            plans.append({"kind": kind.name, "file": written.file, "status": written.plan.status.value,
                           "objective": written.plan.objective, "gap": written.plan.gap})
     return write_plan_index(out_dir, plans, skipped, input_hashes(inputs))
 

@@ -561,7 +561,7 @@ class _AllReduce:
 
     def __init__(self, ranks: int, max_threads: int):
         from mlopt.planners.collective.lowering import LoweringError
-        from mlopt.runtime import native
+        from mlopt.native import binding as native
 
         self.native = native
         self.instances = 1

@@ -24,22 +24,33 @@ of every measurement next to its fitted time and residual (`Profile.report()`, i
 
 from __future__ import annotations
 
+import gc
 import math
+import multiprocessing as mp
 import os
 import platform
 import re
 import socket
 import struct
+import subprocess
+import threading
 import time
 from dataclasses import dataclass, field, replace
+from multiprocessing import shared_memory
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
+import numpy as np
+
 from mlopt.errors import InputError, MloptError
+from mlopt.formats.sizes import parse_size_range
 from mlopt.formats.topology import (IB_ALPHA_US, IB_BETA_US_PER_MB, Link, Nic, Node, Switch, Topology,
                                     validate_topology)
-from mlopt.profilers import linkfit
+from mlopt.native import binding as native
+from mlopt.native.enforcer import motif_program_xml
+from mlopt.profilers import linkfit, nvsmi
 from mlopt.profilers.linkfit import LinkClass, Measurements, Sample
+from mlopt.sim.plots import _save
 
 KiB, MiB = 1 << 10, 1 << 20
 CPU_TRANSPORTS = ("threads", "processes", "tcp", "runtime")
@@ -217,10 +228,6 @@ class _Runner:
 class _ThreadsRunner(_Runner):
     def __init__(self, nranks: int, max_bytes: int):
         super().__init__(nranks, max_bytes)
-        import numpy as np
-
-        from mlopt.runtime import native
-
         self._np, self._native = np, native
         self.comm = native.LocalComm(nranks)
         self._plans: dict[tuple, Any] = {}
@@ -274,106 +281,127 @@ class _ThreadsRunner(_Runner):
 
 def _worker_main(rank: int, conn, transport: str, max_bytes: int, ready=None,
                  consumed=None) -> None:  # pragma: no cover - runs in the child processes
-    import threading
-
-    import numpy as np
-
     data = np.frombuffer(np.random.default_rng(rank).integers(0, 255, max_bytes, dtype=np.uint8).tobytes(),
                          dtype=np.uint8)
     sink = np.empty(max_bytes, dtype=np.uint8)
-    if transport == "tcp":
-        server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        server.bind(("127.0.0.1", 0))
-        server.listen(16)
-
-        def serve(client: socket.socket) -> None:
-            client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            buf = memoryview(bytearray(max_bytes))
-            while True:
-                head = _recv_exact(client, 8)
-                if head is None:
-                    return
-                (total,) = struct.unpack("<Q", head)
-                got = 0
-                while got < total:
-                    k = client.recv_into(buf[got:total])
-                    if not k:
-                        return
-                    got += k
-                client.sendall(b"a")
-
-        def accept_loop() -> None:
-            while True:
-                try:
-                    client, _ = server.accept()
-                except OSError:
-                    return
-                threading.Thread(target=serve, args=(client,), daemon=True).start()
-
-        threading.Thread(target=accept_loop, daemon=True).start()
-        conn.send(server.getsockname()[1])
-    else:
-        conn.send(0)
+    conn.send(_start_tcp_server(max_bytes) if transport == "tcp" else 0)
     peers: dict[int, socket.socket] = {}
-    segments: dict[str, Any] = {}
-
-    def segment(name: str):
-        if name not in segments:
-            from multiprocessing import shared_memory
-
-            shm = shared_memory.SharedMemory(name=name)
-            segments[name] = (shm, np.ndarray((max_bytes,), dtype=np.uint8, buffer=shm.buf[:max_bytes]))
-        return segments[name]
-
+    segments = _Segments(max_bytes)
     while True:
         msg = conn.recv()
         op = msg[0]
         if op == "stop":
             break
         if op == "send_tcp":
-            _, peer, port, kind, chunks, s = msg
-            sock = peers.get(peer)
-            if sock is None:
-                sock = socket.create_connection(("127.0.0.1", port))
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                peers[peer] = sock
-            view = memoryview(data)
-            t0 = time.perf_counter()
-            sock.sendall(struct.pack("<Q", chunks * s))
-            if kind == "seq":
-                for k in range(chunks):
-                    sock.sendall(view[k * s:(k + 1) * s])
-            else:
-                sock.sendall(view[:chunks * s])
-            _recv_exact(sock, 1)
-            conn.send((time.perf_counter() - t0) * 1e6)
-        elif op == "send_shm":  # one slot: copy a message in, post `ready`, wait for `consumed`
-            _, dst, name, kind, chunks, s = msg
-            _, region = segment(name)
-            pieces = [(k * s, s) for k in range(chunks)] if kind == "seq" else [(0, chunks * s)]
-            t0 = time.perf_counter()
-            for off, size in pieces:
-                region[:size] = data[off:off + size]
-                ready[dst].release()
-                consumed[dst].acquire()
-            conn.send((time.perf_counter() - t0) * 1e6)
+            conn.send(_worker_send_tcp(msg, data, peers))
+        elif op == "send_shm":
+            conn.send(_worker_send_shm(msg, data, segments, ready, consumed))
         elif op == "recv_shm":
-            _, name, kind, chunks, s = msg
-            _, region = segment(name)
-            pieces = [(k * s, s) for k in range(chunks)] if kind == "seq" else [(0, chunks * s)]
-            conn.send("ready")
-            for off, size in pieces:
-                ready[rank].acquire()
-                sink[off:off + size] = region[:size]
-                consumed[rank].release()
-            conn.send("done")
+            _worker_recv_shm(msg, rank, conn, sink, segments, ready, consumed)
     for sock in peers.values():
         sock.close()
-    segments.clear()  # views into the segments go first, then the mappings
-    import gc
+    segments.close()
 
-    gc.collect()
+
+def _start_tcp_server(max_bytes: int) -> int:  # pragma: no cover - runs in the child processes
+    """A loopback server (threads) that reads length-prefixed messages and acks each with one byte; its port."""
+    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+
+    def serve(client: socket.socket) -> None:
+        client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        buf = memoryview(bytearray(max_bytes))
+        while True:
+            head = _recv_exact(client, 8)
+            if head is None:
+                return
+            (total,) = struct.unpack("<Q", head)
+            got = 0
+            while got < total:
+                k = client.recv_into(buf[got:total])
+                if not k:
+                    return
+                got += k
+            client.sendall(b"a")
+
+    def accept_loop() -> None:
+        while True:
+            try:
+                client, _ = server.accept()
+            except OSError:
+                return
+            threading.Thread(target=serve, args=(client,), daemon=True).start()
+
+    threading.Thread(target=accept_loop, daemon=True).start()
+    return server.getsockname()[1]
+
+
+class _Segments:  # pragma: no cover - runs in the child processes
+    """The shared-memory segments a worker has attached, by name, each with a byte view of max_bytes."""
+
+    def __init__(self, max_bytes: int):
+        self.max_bytes = max_bytes
+        self.by_name: dict[str, Any] = {}
+
+    def region(self, name: str):
+        if name not in self.by_name:
+            shm = shared_memory.SharedMemory(name=name)
+            self.by_name[name] = (shm, np.ndarray((self.max_bytes,), dtype=np.uint8,
+                                                  buffer=shm.buf[:self.max_bytes]))
+        return self.by_name[name][1]
+
+    def close(self) -> None:
+        self.by_name.clear()  # views into the segments go first, then the mappings
+        gc.collect()
+
+
+def _worker_send_tcp(msg, data, peers: dict[int, socket.socket]) -> float:  # pragma: no cover - in the children
+    """Send chunks (one at a time, or as one message) to a peer's server; microseconds until its ack."""
+    _, peer, port, kind, chunks, s = msg
+    sock = peers.get(peer)
+    if sock is None:
+        sock = socket.create_connection(("127.0.0.1", port))
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        peers[peer] = sock
+    view = memoryview(data)
+    t0 = time.perf_counter()
+    sock.sendall(struct.pack("<Q", chunks * s))
+    if kind == "seq":
+        for k in range(chunks):
+            sock.sendall(view[k * s:(k + 1) * s])
+    else:
+        sock.sendall(view[:chunks * s])
+    _recv_exact(sock, 1)
+    return (time.perf_counter() - t0) * 1e6
+
+
+def _worker_send_shm(msg, data, segments: _Segments, ready, consumed) -> float:  # pragma: no cover - in the children
+    """One slot: copy a message in, post `ready`, wait for `consumed`, per piece; microseconds taken."""
+    _, dst, name, kind, chunks, s = msg
+    region = segments.region(name)
+    pieces = [(k * s, s) for k in range(chunks)] if kind == "seq" else [(0, chunks * s)]
+    t0 = time.perf_counter()
+    for off, size in pieces:
+        region[:size] = data[off:off + size]
+        ready[dst].release()
+        consumed[dst].acquire()
+    return (time.perf_counter() - t0) * 1e6
+
+
+def _worker_recv_shm(msg, rank: int, conn, sink, segments: _Segments, ready,
+                     consumed) -> None:  # pragma: no cover - runs in the child processes
+    """The receiving side of _worker_send_shm: copy each piece out of the slot and post `consumed`."""
+    _, name, kind, chunks, s = msg
+    region = segments.region(name)
+    pieces = [(k * s, s) for k in range(chunks)] if kind == "seq" else [(0, chunks * s)]
+    conn.send("ready")
+    for off, size in pieces:
+        ready[rank].acquire()
+        sink[off:off + size] = region[:size]
+        consumed[rank].release()
+    conn.send("done")
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes | None:
@@ -391,8 +419,6 @@ class _ProcessRunner(_Runner):
 
     def __init__(self, nranks: int, max_bytes: int, transport: str):
         super().__init__(nranks, max_bytes)
-        import multiprocessing as mp
-
         ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
         self.transport = transport
         self.conns, self.procs, self.ports = [], [], []
@@ -402,8 +428,6 @@ class _ProcessRunner(_Runner):
         consumed = [ctx.Semaphore(0) for _ in range(nranks)] if transport == "processes" else None
         try:
             if transport == "processes":
-                from multiprocessing import shared_memory
-
                 for r in range(nranks):  # one segment per receiving rank: one transfer at a time
                     self.segments[r] = shared_memory.SharedMemory(create=True, size=max_bytes)
             for r in range(nranks):
@@ -454,11 +478,6 @@ class _ProcessRunner(_Runner):
 
 def _runtime_worker_main(rank: int, nranks: int, address: str, conn,
                          max_bytes: int) -> None:  # pragma: no cover - runs in the child processes
-    import numpy as np
-
-    from mlopt.runtime import native
-    from mlopt.runtime.enforcer import motif_program_xml
-
     source = np.full(max_bytes // 4, float(rank + 1), dtype=np.float32)
     sink = np.ones(max_bytes // 4, dtype=np.float32)
     sync_in, sync_out = np.zeros(nranks, dtype=np.float32), np.zeros(nranks, dtype=np.float32)
@@ -496,8 +515,6 @@ class _RuntimeRunner(_Runner):
 
     def __init__(self, nranks: int, max_bytes: int):
         super().__init__(nranks, max_bytes)
-        import multiprocessing as mp
-
         ctx = mp.get_context("spawn")  # a fresh interpreter: no inherited threads or library state
         with socket.socket() as probe:  # a free port for the runtime's own rendezvous
             probe.bind(("127.0.0.1", 0))
@@ -835,7 +852,7 @@ def torch_copy_timer(devices: Sequence[int], max_bytes: int) -> CopyTimer:  # pr
     """A CopyTimer over torch: per copy a source and destination buffer (pinned host memory for HOST), the
     chunks issued on a stream of the source device (the destination's for host-to-device), timed with CUDA
     events on that stream; concurrent copies are issued back to back and the slowest one counts."""
-    import torch
+    import torch  # optional dependency (the torch extra): lazy
 
     dev_buf = {d: (torch.empty(max_bytes, dtype=torch.uint8, device=f"cuda:{d}"),
                    torch.empty(max_bytes, dtype=torch.uint8, device=f"cuda:{d}")) for d in devices}
@@ -880,7 +897,7 @@ def torch_copy_timer(devices: Sequence[int], max_bytes: int) -> CopyTimer:  # pr
 def cuda_gpus() -> list[int]:
     """CUDA devices torch can use here ([] without torch, a CUDA build or GPUs)."""
     try:
-        import torch
+        import torch  # optional dependency (the torch extra): lazy
     except ImportError:
         return []
     try:
@@ -902,8 +919,6 @@ def profile_hardware(options: ProfileOptions, progress: Progress | None = None) 
         if options.ranks > len(gpus):
             raise InputError("--ranks", "$", f"{options.ranks} GPUs asked, {len(gpus)} available")
         gpus = gpus[:options.ranks]
-    from mlopt.profilers import nvsmi  # pragma: no cover - needs GPUs
-
     layout = nvsmi.read_topo_matrix()  # pragma: no cover
     opts = resolved(options, gpu=True)  # pragma: no cover
     timer = torch_copy_timer(gpus, max(max(opts.sizes) * max(opts.chunks), opts.sharing_bytes))  # pragma: no cover
@@ -920,10 +935,8 @@ def smi_indices(gpus: Sequence[int]) -> dict[int, int] | None:  # pragma: no cov
     """CUDA device -> nvidia-smi GPU index, matched by PCI bus id (CUDA may order and hide devices
     differently from nvidia-smi); None when it cannot be told (then the layout is used only if every
     device has the same number in both)."""
-    import subprocess
-
     try:
-        import torch
+        import torch  # optional dependency (the torch extra): lazy
 
         done = subprocess.run(["nvidia-smi", "--query-gpu=index,pci.bus_id", "--format=csv,noheader"],
                               capture_output=True, text=True, timeout=30, check=False)
@@ -957,9 +970,7 @@ def default_plot_path(output: str | os.PathLike) -> Path:
 
 def plot_fit(profile: Profile, path: str | os.PathLike) -> Path:
     """Measured medians (with their interquartile range) and fitted times per class, written atomically."""
-    from matplotlib.figure import Figure
-
-    from mlopt.sim.plots import _save
+    from matplotlib.figure import Figure  # lazy: matplotlib is slow to import and only plots need it
 
     classes = profile.classes
     cols = min(3, max(1, len(classes)))
@@ -1014,8 +1025,6 @@ def parse_int_list(text: str, option: str, minimum: int = 1) -> tuple[int, ...]:
 
 
 def parse_sizes(text: str, option: str = "--sizes") -> tuple[int, ...]:
-    from mlopt.formats.sizes import parse_size_range
-
     sizes = parse_size_range(text, option)
     if not sizes:
         raise InputError(option, "$", f"{text!r}: give one or more sizes like 64KiB,1MiB")

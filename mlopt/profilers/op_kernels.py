@@ -517,7 +517,7 @@ def _native_batch_norm_backward(ot: OpTensors, ctx: _Ctx, alternatives: bool) ->
         return lambda: backward(o, o["x"])
 
     def make_output_activated() -> Callable[[], Any]:
-        # What mlopt.runtime.torch does for an output-activated batch-norm backward: rebuild the input from
+        # What mlopt.pytorch.memory does for an output-activated batch-norm backward: rebuild the input from
         # the output, x = mean + (y - beta) / (gamma * invstd), then run the same backward on it.
         o = operands()
         y = make_tensor(x.shape, x.dtype, device)

@@ -18,7 +18,7 @@ What each kind of plan does in the job (one `PlanOutcome` per plan file; nothing
   tuner CSV) concern NCCL jobs and are not applied here.
 * memory: the plan and the trace it was made from are rebuilt into the problem and schedule exactly as
   `mlopt validate` does (`mlopt.planners.memory.validate.replay_plan`, which also replays the plan), and
-  `mlopt.runtime.torch.apply_memory_plan` makes the executor `forward()` returns. Needs `trace=`.
+  `mlopt.pytorch.memory.apply_memory_plan` makes the executor `forward()` returns. Needs `trace=`.
 * collective: run by the process group's backend. They apply when it is the "mlopt" backend of
   `mlopt.pytorch` with this very index; a gloo (or other) group gets a "not applied" line. With the schedule
   plan applied, DDP's rebuilt buckets go through the enforcer, and a motif that is a whole collective over all
@@ -59,9 +59,9 @@ from mlopt.planners.memory.validate import replay_plan
 from mlopt.planners.threads.artifacts import MIB
 from mlopt.pytorch.backend import BACKEND_NAME, MloptProcessGroup
 from mlopt.pytorch.plans import INDEX_FILE, load_index
-from mlopt.runtime import native
-from mlopt.runtime.enforcer import Enforcer, MotifTable, ProgramUse
-from mlopt.runtime.torch import PlanExecutor, apply_memory_plan
+from mlopt.native import binding as native
+from mlopt.native.enforcer import Enforcer, MotifTable, ProgramUse
+from mlopt.pytorch.memory import PlanExecutor, apply_memory_plan
 
 __all__ = ["AppliedPlans", "PlanOutcome", "apply_plans"]
 
@@ -275,7 +275,7 @@ def schedule_mismatch(table: MotifTable, world_size: int, buckets: Sequence[int]
 class EnforcedAllreduce:
     """A DDP communication hook (`communicate`): bucket i of an iteration is comm-op i of the enforcer's table.
 
-    `enforcer` has `submit(rank, op, tensor)` and `wait(rank, op)` (mlopt.runtime.enforcer.Enforcer's
+    `enforcer` has `submit(rank, op, tensor)` and `wait(rank, op)` (mlopt.native.enforcer.Enforcer's
     interface). Until `activate()` (the job's buckets were checked against the table), buckets go through
     `group` as DDP's default hook does (divide by the world size, all-reduce). Bucket i is submitted as op i
     (DDP reduces buckets in index order, so that is the submission order); one waiter thread completes the
@@ -462,6 +462,9 @@ class AppliedPlans:
         ddp.register_comm_hook(None, hook.communicate)
         self._schedule.hook = hook
         self._report_motif_programs(getattr(enforcer, "motif_programs", None))
+        note = getattr(enforcer, "program_note", "")  # a plan without motif programs: made at run time
+        if note:
+            self._schedule_outcome.detail += f"; {note}"
 
     def observe(self) -> None:
         """Once DDP has rebuilt its buckets: compare them with the thread and schedule plans (once)."""

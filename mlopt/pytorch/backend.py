@@ -55,8 +55,8 @@ from torch.distributed import ReduceOp
 
 from mlopt.errors import InputError
 from mlopt.pytorch.plans import COLLECTIVES, Choice, PlanBook, load_index
-from mlopt.runtime import native
-from mlopt.runtime.enforcer import Enforcer, MotifTable, ProgramCache
+from mlopt.native import binding as native
+from mlopt.native.enforcer import Enforcer, MotifTable, ProgramCache
 
 BACKEND_NAME = "mlopt"
 INDEX_ENV = "MLOPT_PLAN_INDEX"
@@ -441,7 +441,8 @@ class MloptProcessGroup(dist.ProcessGroup):
 
         A motif that is a whole collective over all ranks of this group, in rank order, runs the program the
         group would run for that collective, size and root (`plans.choose`: an explicit or index plan) when it
-        is usable as a motif program, else mlopt's own; `enforcer.motif_programs` says which ran what."""
+        is usable as a motif program, else the schedule plan's program for the motif (`table.programs`, proven
+        when planned), else mlopt's own made now; `enforcer.motif_programs` says which ran what."""
         options.setdefault("watchdog_ms", self.watchdog_ms)
         enforcer = Enforcer.over_comm(self.new_comm(name), **options)
         if table is not None:

@@ -14,7 +14,7 @@ Selection (`PlanBook.choose`), in this order:
 2. the index's plans of the collective over `nranks` ranks (with the call's root for broadcast/reduce), the one
    synthesised for the nearest size (`mlopt.sim.evaluate.plan_for`). Index plans over another number of ranks
    are simply not candidates (an index planned for 8 ranks says nothing about a 2-rank sub-group);
-3. else mlopt's own ring program for the collective (`mlopt.runtime.enforcer.motif_program_xml`), reported
+3. else mlopt's own ring program for the collective (`mlopt.native.enforcer.motif_program_xml`), reported
    once per (collective, root): `logging.warning` and a line in `PlanBook.fallbacks`.
 
 Sizes follow nccl-tests' convention, as the collective planner's `--size`: the output per rank for allgather

@@ -61,6 +61,9 @@ chunk k+1's copy of a message waits for chunk k's copy of the same message. That
 chained broadcast with k chunks takes (p-1+k-1) hops of S/k); in unaware mode chunks on one link do not slow
 each other, so only "aware" shows the cost of sharing.
 
+Shapes (ring hops, direct pairs, NCCL's trees, halving-doubling exchanges, per-dimension groups) come from
+`mlopt.sim.collective_shapes`, which the collective planner's baselines build on too.
+
 Phase boundaries that need several messages (direct allreduce, hierarchical phases) go through zero-byte
 local "join" messages (src == dst), which `simulate_transfers` runs as free local tasks; they are not counted
 as messages.
@@ -86,6 +89,17 @@ import numpy as np
 from mlopt.errors import InputError
 from mlopt.formats.msccl import Program
 from mlopt.formats.topology import Topology
+from mlopt.sim.collective_shapes import (
+    direct_pairs,
+    double_binary_tree,
+    grid_groups,
+    recursive_doubling,
+    recursive_halving,
+    ring_hops,
+    subtree_heights,
+    tree_height,
+)
+from mlopt.sim.collectives import CollectiveSpec, Symbol, combine, postcondition_problems
 from mlopt.sim.network import Message, call_overhead_us, simulate_program, simulate_transfers
 
 ALGORITHMS = ("ring", "bidirectional-ring", "direct", "halving-doubling", "double-binary-tree", "hierarchical",
@@ -311,8 +325,7 @@ def _ring(b: _Builder, collective: str, p: int) -> tuple[int, str, int]:
             prev = b.add(src, dst, deps, p - k, "copy", pieces, f"ring alltoall step {k - 1}")
         return p * p, "pairs", 1
     # broadcast: root 0 -> 1 -> ... -> p-1; reduce: 1 -> 2 -> ... -> p-1 -> 0
-    hops = [(i, i + 1) for i in range(p - 1)] if collective == "broadcast" else \
-        [(i, (i + 1) % p) for i in range(1, p)]
+    hops = ring_hops(range(p), 0 if collective == "broadcast" else 1, p - 1)
     op = "copy" if collective == "broadcast" else "reduce"
     prev = None
     for t, (a, c) in enumerate(hops):
@@ -348,9 +361,7 @@ def _direct(b: _Builder, collective: str, p: int) -> tuple[int, str, int]:
             b.add(peers, np.zeros(p - 1), None, 1, "reduce", one, "direct reduce")
         return 1, "buffer", 1
     # message (i, o): rank i to rank (i + 1 + o) % p, o = 0 .. p-2
-    src = np.repeat(np.arange(p), p - 1)
-    off = np.tile(np.arange(p - 1), p)
-    dst = (src + 1 + off) % p
+    src, dst = direct_pairs(p)
     if collective == "alltoall":
         b.add(src, dst, None, 1, "copy", lambda: (src * p + dst)[:, None], "direct alltoall")
         return p * p, "pairs", 1
@@ -389,16 +400,12 @@ def _halving_doubling(b: _Builder, collective: str, p: int) -> tuple[int, str, i
         history.extend([idx[partner], idx])
 
     def halving() -> None:  # recursive halving RS: rank i ends with block i
-        for t in range(L):
-            d = p >> (t + 1)
-            start = (ranks ^ d) & ~(d - 1)  # the half that contains the partner's block
+        for t, (d, start) in enumerate(recursive_halving(p)):
             exchange(d, lambda start=start, d=d: start[:, None] + np.arange(d)[None, :], d, "reduce",
                      f"hd rs step {t}")
 
     def doubling() -> None:  # recursive doubling AG: rank i starts with block i
-        for t in range(L):
-            d = 1 << t
-            start = ranks & ~(d - 1)
+        for t, (d, start) in enumerate(recursive_doubling(p)):
             exchange(d, lambda start=start, d=d: start[:, None] + np.arange(d)[None, :], d, "copy",
                      f"hd ag step {t}")
 
@@ -442,61 +449,6 @@ def _halving_doubling(b: _Builder, collective: str, p: int) -> tuple[int, str, i
     return p, ("blocks" if collective in ("reducescatter", "allgather") else "buffer"), 1
 
 
-def btree(p: int, rank: int) -> tuple[int, int, int]:
-    """NCCL's binary tree (ncclGetBtree): (parent, child0, child1), -1 for none; root 0 has one child."""
-    bit = 1
-    while bit < p:
-        if bit & rank:
-            break
-        bit <<= 1
-    if rank == 0:
-        return -1, -1, (bit >> 1 if p > 1 else -1)
-    up = (rank ^ bit) | (bit << 1)
-    if up >= p:
-        up = rank ^ bit
-    lowbit = bit >> 1
-    d0 = rank - lowbit if lowbit else -1
-    d1 = rank + lowbit if lowbit else -1
-    while d1 >= p:
-        lowbit >>= 1
-        d1 = rank + lowbit if lowbit else -1
-    return up, d0, d1
-
-
-def double_binary_tree(p: int) -> tuple[list[int], list[int]]:
-    """Parents in NCCL's two trees (ncclGetDtree): tree 1 mirrors tree 0 (p even) or shifts it by one (p odd)."""
-    t0 = [btree(p, r)[0] for r in range(p)]
-    if p % 2:
-        t1 = [-1 if (u := btree(p, (r - 1) % p)[0]) == -1 else (u + 1) % p for r in range(p)]
-    else:
-        t1 = [-1 if (u := btree(p, p - 1 - r)[0]) == -1 else p - 1 - u for r in range(p)]
-    return t0, t1
-
-
-def tree_height(parents: Sequence[int]) -> int:
-    """Edges on the longest root-to-leaf path."""
-    def depth(r: int) -> int:
-        n = 0
-        while parents[r] != -1:
-            r = parents[r]
-            n += 1
-        return n
-    return max((depth(r) for r in range(len(parents))), default=0)
-
-
-def _heights(children: list[list[int]], root: int) -> list[int]:
-    """Edges from each node down to its deepest leaf."""
-    order, stack = [], [root]
-    while stack:
-        r = stack.pop()
-        order.append(r)
-        stack.extend(children[r])
-    h = [0] * len(children)
-    for r in reversed(order):
-        h[r] = 1 + max((h[c] for c in children[r]), default=-1)
-    return h
-
-
 def _double_binary_tree(b: _Builder, collective: str, p: int) -> tuple[int, str, int]:
     """Tree t carries piece t (allreduce: half the buffer each; broadcast/reduce: tree 0, the whole buffer).
 
@@ -510,7 +462,7 @@ def _double_binary_tree(b: _Builder, collective: str, p: int) -> tuple[int, str,
         for c in range(p):
             if par[c] != -1:
                 kids[par[c]].append(c)
-    height = [_heights(kids, par.index(-1)) for kids, par in zip(children, trees)]
+    height = [subtree_heights(kids, par.index(-1)) for kids, par in zip(children, trees)]
     up_into: list[list[list[int]]] = [[[] for _ in range(p)] for _ in trees]
     if collective in ("allreduce", "reduce"):
         for level in range(max(max(h) for h in height)):
@@ -551,10 +503,7 @@ def _coords(p: int, dims: tuple[int, ...]) -> np.ndarray:
 
 def _dim_rings(p: int, dims: tuple[int, ...], k: int) -> np.ndarray:
     """(p / d_k, d_k): the rings along dim k, members ordered by their dim-k coordinate."""
-    c = _coords(p, dims)
-    stride = int(np.prod(dims[:k], dtype=np.int64))
-    base = np.nonzero(c[k] == 0)[0]
-    return base[:, None] + stride * np.arange(dims[k])[None, :]
+    return grid_groups(np.arange(p).reshape(dims[::-1]), k)
 
 
 def _dim_parts(p: int, dims: tuple[int, ...], rings: np.ndarray, k: int, agree: tuple[int, ...]) -> np.ndarray:
@@ -1106,9 +1055,10 @@ def verify_schedule(collective: str, algorithm: str, p: int, *, dims: Sequence[i
                     splits: int = 1) -> list[str]:
     """Problems with a schedule (empty when it is correct): run it on symbolic values and check the result.
 
-    A value is a tuple of contribution counts per origin rank (reductions add, so double counting shows).
-    Every rank starts with the collective's precondition; messages run in index order (a topological
-    order). That order stands for every execution only if conflicting accesses are ordered by the
+    Pieces are mapped onto the collective's buffers (`_buffers`) and judged by `CollectiveSpec`: every rank
+    starts with `spec.initial`, values are its symbols (reductions add, so double counting shows), messages
+    run in index order (a topological order), and `postcondition_problems` names each rank and piece whose
+    output is wrong. That order stands for every execution only if conflicting accesses are ordered by the
     dependencies, which is checked first: for each (rank, piece), every pair among its writes (messages into
     the rank carrying the piece) and reads (messages from it carrying the piece) must be ordered by ancestry,
     except two reads or two reductions (which commute). Also checked: dependencies point into earlier steps,
@@ -1158,52 +1108,64 @@ def _verify(s: _Schedule) -> list[str]:
                     problems.append(f"rank {rank} piece {x}: messages {g1} ({k1}) and {g2} ({k2}) are unordered")
                     if len(problems) > 20:
                         return problems
-    init, post = _conditions(s)
-    state = [dict(init(r)) for r in range(p)]
+    spec, in_size, in_piece, out_size, out_piece = _buffers(s)
+    state: list[dict[int, Symbol]] = [{} for _ in range(p)]
+    for r in range(p):
+        for i in range(in_size):
+            value = spec.initial(r, i)
+            if value:  # an empty input (a broadcast's non-root) holds nothing to send
+                state[r][in_piece(r, i)] = value
     for g, (a, c, op, row) in enumerate(msgs):
         for x in row:
             v = state[a].get(x)
             if v is None:
                 problems.append(f"message {g} {a}->{c}: rank {a} sends piece {x} it does not hold")
                 continue
-            if op == "copy" or x not in state[c]:
-                state[c][x] = v
-            else:
-                state[c][x] = tuple(u + w for u, w in zip(state[c][x], v))
-    for r in range(p):
-        for x, want in post(r):
-            got = state[r].get(x)
-            if got != want:
-                problems.append(f"rank {r} piece {x}: holds {got}, should hold {want}")
-                if len(problems) > 20:
-                    return problems
+            state[c][x] = v if op == "copy" or x not in state[c] else combine(state[c][x], v)
+    problems += postcondition_problems(spec, lambda r, j: state[r].get(out_piece(r, j)), output_chunks=out_size,
+                                       where=lambda r, j: f"rank {r} piece {out_piece(r, j)} (output {j})",
+                                       limit=max(1, 21 - len(problems)))
     return problems
 
 
-def _conditions(s: _Schedule):
-    """(initial state of rank r: (piece, value) pairs, required (piece, value) pairs at rank r)."""
-    p, space, q = s.p, s.space, s.q
-    every = range(s.splits * space)
+def _buffers(s: _Schedule) -> tuple[CollectiveSpec, int, Callable[[int, int], int], int, Callable[[int, int], int]]:
+    """The schedule's pieces as the collective's buffers, so that `CollectiveSpec` judges it: (spec, input
+    size, piece of rank r's input index i, output size, piece of rank r's output index j).
 
-    def one(r: int) -> tuple[int, ...]:
-        return tuple(int(i == r) for i in range(p))
+    allreduce, broadcast, reduce: index = piece (an allreduce whose pieces are not a multiple of p, e.g. the
+    double binary tree's two halves, is checked with that many chunks, as `symbolic` does). Blocks and pairs:
+    piece = split * space + (block or origin * p + destination) * q + sub, with k = splits * q chunks per
+    rank (or per pair) and local index split * q + sub.
+    """
+    p, space, q, kind = s.p, s.space, s.q, s.collective
+    total = s.splits * space
+    if kind in ("allreduce", "broadcast", "reduce"):
+        k = max(1, total // p) if kind == "allreduce" else total
+        same = _same_index
+        return CollectiveSpec(kind, p, k), total, same, total, same
+    k = s.splits * q
 
-    total = tuple([1] * p)
+    def piece(block: int, local: int) -> int:
+        split, sub = divmod(local, q)
+        return split * space + block * q + sub
 
-    def owner(x: int) -> int:
-        return (x % space) // q
+    def in_piece(r: int, i: int) -> int:
+        if kind == "allgather":
+            return piece(r, i)
+        if kind == "reducescatter":
+            return piece(i // k, i % k)
+        return piece(r * p + i // k, i % k)  # alltoall: block origin * p + destination
 
-    if s.collective == "allreduce":
-        return (lambda r: [(x, one(r)) for x in every]), (lambda r: [(x, total) for x in every])
-    if s.collective == "reduce":
-        return (lambda r: [(x, one(r)) for x in every]), (lambda r: [(x, total) for x in every] if r == 0 else [])
-    if s.collective == "broadcast":
-        return (lambda r: [(x, one(0)) for x in every] if r == 0 else []), (lambda r: [(x, one(0)) for x in every])
-    if s.collective == "reducescatter":
-        return (lambda r: [(x, one(r)) for x in every]), (lambda r: [(x, total) for x in every if owner(x) == r])
-    if s.collective == "allgather":
-        return (lambda r: [(x, one(r)) for x in every if owner(x) == r]), \
-            (lambda r: [(x, one(owner(x))) for x in every])
-    # alltoall: piece (origin, dest)
-    return (lambda r: [(x, one(r)) for x in every if owner(x) // p == r]), \
-        (lambda r: [(x, one(owner(x) // p)) for x in every if owner(x) % p == r])
+    def out_piece(r: int, j: int) -> int:
+        if kind == "allgather":
+            return piece(j // k, j % k)
+        if kind == "reducescatter":
+            return piece(r, j)
+        return piece((j // k) * p + r, j % k)
+
+    spec = CollectiveSpec(kind, p, k)
+    return spec, spec.input_chunks(), in_piece, spec.output_chunks(), out_piece
+
+
+def _same_index(rank: int, index: int) -> int:
+    return index

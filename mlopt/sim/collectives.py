@@ -17,11 +17,31 @@ Buffer sizes in chunks, with n ranks and k = chunks per rank (msccl-tools' conve
 
 In place, the input is a window of the output: allgather's input is output chunks [r k, r k + k), all
 others' input is the whole output buffer.
+
+This spec is the one contract of every form a collective takes in mlopt; each form's checker runs the form
+on these symbolic values, starting from `initial`, and judges the result with `postcondition_problems`:
+
+| form                                   | checker                                 | runs                           |
+|----------------------------------------|-----------------------------------------|--------------------------------|
+| chunk-level `Algorithm` (planners)     | `collective.algorithm.check_algorithm`  | transfers per chunk, in step   |
+|                                        |                                         | order; chunk c's copies map to |
+|                                        |                                         | buffer indices (sources and    |
+|                                        |                                         | destinations)                  |
+| MSCCL-EF program                       | `mlopt.sim.symbolic.check_program`      | threadblock steps, FIFOs, deps |
+| message schedule (system layer)        | `collective_algorithms.verify_schedule` | messages in index order; its   |
+|                                        |                                         | pieces map to buffer indices   |
+
+What each checks besides the postcondition: `check_algorithm`: endpoints and chunk ids in range, no reducing
+transfer in a copy collective, no chunk sent before its sender holds it. `check_program`: matched sends and
+receives, counts, dependencies, deadlock (unbounded and the executor's bounded FIFOs), races between a GPU's
+threadblocks, executor limits. `verify_schedule`: dependencies point into earlier steps, conflicting accesses
+to a (rank, piece) are ordered, joins are local, pieces match the bytes, no piece sent before it is held.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 
 Symbol = tuple[tuple[tuple[int, int], int], ...]  # sorted ((origin rank, input index), multiplicity)
@@ -87,3 +107,33 @@ class CollectiveSpec:
         if self.kind == "reduce":
             return symbol([(s, index) for s in range(n)]) if rank == self.root else None
         raise ValueError(f"unknown collective {self.kind!r}")
+
+
+def show_symbol(value: Symbol | None) -> str:
+    """A value as {r0[3], r1[3]x2} (origin rank, input index, multiplicity); None: "nothing"."""
+    if value is None:
+        return "nothing"
+    return "{" + ", ".join(f"r{r}[{i}]" + (f"x{m}" if m > 1 else "") for (r, i), m in value) + "}"
+
+
+def postcondition_problems(spec: CollectiveSpec, held: Callable[[int, int], Symbol | None], *,
+                           output_chunks: int | None = None, where: Callable[[int, int], str] | None = None,
+                           limit: int | None = None) -> list[str]:
+    """Every (rank, output index) whose final value `held(rank, index)` (None: never written) is not what
+    `spec.expected` asks, one line each: "WHERE: holds {...}, needs {...}", WHERE being `where(rank, index)`
+    (default "rank r output j"). output_chunks: the output buffer's size when it is not the spec's (an
+    allreduce checked with a buffer that is not a multiple of the ranks). limit: stop after that many lines."""
+    size = spec.output_chunks() if output_chunks is None else output_chunks
+    problems: list[str] = []
+    for r in range(spec.num_ranks):
+        for j in range(size):
+            want = spec.expected(r, j)
+            if want is None:
+                continue
+            got = held(r, j)
+            if got != want:
+                name = where(r, j) if where is not None else f"rank {r} output {j}"
+                problems.append(f"{name}: holds {show_symbol(got)}, needs {show_symbol(want)}")
+                if limit is not None and len(problems) >= limit:
+                    return problems
+    return problems

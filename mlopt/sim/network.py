@@ -6,10 +6,12 @@ Three layers, each usable on its own:
   `release_us`), spends `delay_us` in a latency phase that uses no bandwidth, then moves `nbytes` through
   a set of shared resources and completes when the last byte has passed. Resources are bytes/us servers.
 * `NetworkModel(topology)`: turns a topology into resources and routes (`route(src, dst)`: the link's
-  alpha and the resources a message on that link crosses).
+  alpha and the resources a message on that link crosses). The links, switch ports and NICs, their
+  capacities and the pruning rule are `mlopt.sim.resources`', shared with the trees planner's LP (whose
+  module docstring lists how the two models differed before).
 * Front ends: `simulate_transfers` (a plain list of point-to-point `Message`s with dependencies, for the
   planner's chunk-level algorithms and the training-iteration simulator) and `simulate_program` (an
-  MSCCL-EF `Program` executed the way the MSCCL interpreter runs it).
+  MSCCL-EF `Program` executed the way the MSCCL interpreter runs it; its options are `ProgramOptions`).
 
 Link model (TACCL's alpha-beta, chapter 5.3): a message of s bytes on link a->b alone takes
 `alpha_us + beta_us_per_MB * s / 1e6`. The message is issued at t, spends [t, t + alpha) in latency
@@ -43,7 +45,7 @@ occupy a link, so two channels on one link overlap their latencies.
 
 A resource that can never bind is left out of the rate computation (kept for accounting): one whose set
 of links is contained in another resource's on the same route with no larger capacity (the link of a
-switched connection whose port is as slow as the link; an IB port behind its NIC).
+switched connection whose port is as slow as the link; an IB port behind its NIC; `resources.never_binds`).
 """
 
 from __future__ import annotations
@@ -51,12 +53,13 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from mlopt.errors import InputError
 from mlopt.formats.msccl import RECEIVING_STEPS, REDUCING_STEPS, SENDING_STEPS, STEP_TYPES, Program
 from mlopt.formats.topology import Link, Topology
+from mlopt.sim.resources import TopologyResources
 
 MSCCL_SIMPLE_TILE_BYTES = 2 * 2**20  # MSCCL Simple protocol tile per chunk and loop: 4 MiB NCCL_BUFFSIZE / 2
 DEFAULT_LOCAL_GBPS = 1000.0  # local copy/reduce throughput: generous (above a V100's or A100's copy rate)
@@ -472,7 +475,11 @@ class Route:
 
 
 class NetworkModel:
-    """Resources of a topology (capacities in bytes/us) and routes over its direct links."""
+    """Resources of a topology (capacities in bytes/us) and routes over its direct links.
+
+    The links, switch ports and NICs and the rule that prunes them are `mlopt.sim.resources`' (shared with the
+    trees planner); this class numbers them for the engine, in the order routes are first asked for, and adds
+    one memory resource per rank for local copies."""
 
     def __init__(self, topology: Topology, *, local_GBps: float | None = DEFAULT_LOCAL_GBPS):
         if local_GBps is not None and not local_GBps > 0:
@@ -484,14 +491,7 @@ class NetworkModel:
         self.capacities: list[float] = []  # bytes/us
         self._index: dict[tuple, int] = {}
         self._links = topology.link_map()
-        self._switches = {s.name: s for s in topology.switches}
-        self._nics = {x.name: x for x in topology.nics}
-        self._out: dict[int, list[Link]] = {}
-        self._in: dict[int, list[Link]] = {}
-        for l in topology.links:
-            self._out.setdefault(l.src, []).append(l)
-            self._in.setdefault(l.dst, []).append(l)
-        self._members: dict[tuple, frozenset] = {}
+        self.resources = TopologyResources(topology)
         self._routes: dict[tuple[int, int], Route | None] = {}
 
     def _resource(self, key: tuple, name: str, kind: str, capacity: float) -> int:
@@ -503,26 +503,6 @@ class NetworkModel:
             self.capacities.append(capacity)
         return r
 
-    def _members_of(self, key: tuple) -> frozenset:
-        """The (src, dst) links whose traffic crosses a resource."""
-        got = self._members.get(key)
-        if got is None:
-            kind = key[0]
-            if kind == "link":
-                got = frozenset([(key[1], key[2])])
-            elif kind == "tx":
-                got = frozenset((l.src, l.dst) for l in self._out.get(key[2], ()) if l.switch == key[1])
-            elif kind == "rx":
-                got = frozenset((l.src, l.dst) for l in self._in.get(key[2], ()) if l.switch == key[1])
-            elif kind == "nic_tx":
-                got = frozenset((l.src, l.dst) for r in self._nics[key[1]].ranks
-                                for l in self._out.get(r, ()) if l.src_nic == key[1])
-            else:  # nic_rx
-                got = frozenset((l.src, l.dst) for r in self._nics[key[1]].ranks
-                                for l in self._in.get(r, ()) if l.dst_nic == key[1])
-            self._members[key] = got
-        return got
-
     def route(self, src: int, dst: int) -> Route | None:
         """The direct link src->dst (topology ranks), or None when the topology has none."""
         if (src, dst) in self._routes:
@@ -531,33 +511,9 @@ class NetworkModel:
         if link is None:
             self._routes[(src, dst)] = None
             return None
-        parts: list[tuple[tuple, str, str, float]] = [
-            (("link", src, dst), f"link {src}->{dst}", "link", 1e6 / link.beta_us_per_MB)]
-        if link.switch is not None:
-            sw = self._switches[link.switch]
-            cap = 1e6 / sw.port_beta_us_per_MB
-            parts.append((("tx", sw.name, src), f"switch {sw.name} port {src} tx", "switch_tx", cap))
-            parts.append((("rx", sw.name, dst), f"switch {sw.name} port {dst} rx", "switch_rx", cap))
-        if link.src_nic is not None:
-            nic = self._nics[link.src_nic]
-            parts.append((("nic_tx", nic.name), f"nic {nic.name} tx", "nic_tx", 1e6 / nic.beta_us_per_MB))
-        if link.dst_nic is not None:
-            nic = self._nics[link.dst_nic]
-            parts.append((("nic_rx", nic.name), f"nic {nic.name} rx", "nic_rx", 1e6 / nic.beta_us_per_MB))
-        ids = [self._resource(key, name, kind, cap) for key, name, kind, cap in parts]
-        members = [self._members_of(key) for key, *_ in parts]
-        keep = []
-        for i, (_, _, _, cap) in enumerate(parts):
-            dominated = False
-            for j, (_, _, _, cap2) in enumerate(parts):
-                if i == j or cap2 > cap or not members[i] <= members[j]:
-                    continue
-                if members[i] == members[j] and cap2 == cap and j > i:
-                    continue  # identical resources: keep the first
-                dominated = True
-                break
-            if not dominated:
-                keep.append(ids[i])
+        parts = self.resources.hop(link)
+        ids = [self._resource(p.key, p.name, p.kind, p.capacity_bytes_per_us) for p in parts]
+        keep = [r for r, binds in zip(ids, self.resources.binding_mask(parts)) if binds]
         route = Route(src, dst, link.alpha_us, tuple(keep), tuple(ids), link)
         self._routes[(src, dst)] = route
         return route
@@ -788,14 +744,22 @@ def call_overhead_us(topology: Topology, ranks: int) -> float:
     return topology.call_overhead_us if ranks > 1 else 0.0
 
 
-def simulate_program(program: Program, topology: Topology, buffer_bytes: float, *,
-                     rank_map: Sequence[int] | Mapping[int, int] | None = None,
-                     chunk_bytes: float | None = None,
-                     loop_chunk_bytes: float | None = None,
-                     local_GBps: float | None = DEFAULT_LOCAL_GBPS,
-                     reduce_GBps: float | None = None,
-                     timeline: bool = False,
-                     congestion_aware: bool = True, sharing: str = "fair") -> SimResult:
+@dataclass(frozen=True)
+class ProgramOptions:
+    """How `simulate_program` runs a program; the fields are also its keyword arguments (see there)."""
+
+    rank_map: Sequence[int] | Mapping[int, int] | None = None  # program rank -> topology rank (default identity)
+    chunk_bytes: float | None = None  # default buffer_bytes / buffer_chunks(program)
+    loop_chunk_bytes: float | None = None  # MSCCL loop tile; None: one iteration over the whole buffer
+    local_GBps: float | None = DEFAULT_LOCAL_GBPS  # cpy/re through the rank's memory; None: free
+    reduce_GBps: float | None = None  # reduction compute; None: the topology's, else free
+    timeline: bool = False  # keep one TimelineEntry per message
+    congestion_aware: bool = True  # False: nothing shares bandwidth (`unshared`)
+    sharing: str = "fair"  # fair (max-min) or fifo (`run_tasks_fifo`)
+
+
+def simulate_program(program: Program, topology: Topology, buffer_bytes: float,
+                     options: ProgramOptions | None = None, **option_fields: Any) -> SimResult:
     """Simulate an MSCCL-EF program on a topology for a buffer of `buffer_bytes` per rank.
 
     Sizes (nccl-tests' convention): `buffer_bytes` is the whole output buffer per rank for allgather and
@@ -830,6 +794,7 @@ def simulate_program(program: Program, topology: Topology, buffer_bytes: float, 
     free); rrs, rrc, rrcs add cnt chunks / `reduce_GBps` of compute (None, the default: free, as MSCCL
     reduces while the data streams in), or the topology's `reduce_GBps` when it has one (a profiled CPU rank).
 
+    Options (`ProgramOptions`, or its fields as keywords: `simulate_program(p, t, b, sharing="fifo")`):
     `congestion_aware=False`: nothing shares bandwidth, every send and local step moves at its lone rate
     (`unshared`; ASTRA-sim's congestion-unaware mode). `sharing="fifo"`: one transfer at a time per resource,
     first come first served (`run_tasks_fifo`).
@@ -838,46 +803,93 @@ def simulate_program(program: Program, topology: Topology, buffer_bytes: float, 
     the topology, a bad rank_map, a send over a link the topology lacks), when sends and receives do not
     match, or when the program deadlocks; ValueError for bad numeric arguments.
     """
+    opts = replace(options or ProgramOptions(), **option_fields)
     src = program.name or "<program>"
-    if not buffer_bytes > 0 and chunk_bytes is None:
+    if not buffer_bytes > 0 and opts.chunk_bytes is None:
         raise ValueError("buffer_bytes must be > 0")
     if program.coll not in BUSBW_FACTOR:
         raise InputError(src, "coll", f"unknown collective {program.coll!r}")
     n = program.ngpus
-    ranks = _normalise_rank_map(rank_map, n, topology, src)
-    nchunks = buffer_chunks(program)
+    ranks = _normalise_rank_map(opts.rank_map, n, topology, src)
+    chunk_bytes = _chunk_bytes(program, buffer_bytes, opts.chunk_bytes, src)
+    tiles = _loop_tiles(chunk_bytes, opts.loop_chunk_bytes)
+    reduce_GBps = topology.reduce_GBps if opts.reduce_GBps is None else opts.reduce_GBps  # None on both: free
+    if reduce_GBps is not None and not reduce_GBps > 0:
+        raise ValueError("reduce_GBps must be > 0 (or None for free reductions)")
+    model = NetworkModel(topology, local_GBps=opts.local_GBps)
+    steps = _index_steps(program, ranks, model, len(tiles), src)
+    matched = _match_messages(steps, src)
+    built = _program_tasks(steps, matched, ranks, model, tiles, reduce_GBps, src)
+    res = _engine(built.tasks, model.capacities, opts.congestion_aware, opts.sharing)
+    if res.unfinished:
+        raise _deadlock(steps, built.tasks, res.unfinished, src)
+    time_us = res.makespan_us + call_overhead_us(topology, n)
+    tl = _program_timeline(steps, built, res, ranks) if opts.timeline else None
+    algbw = buffer_bytes / time_us / 1e3 if time_us > 0 else math.inf
+    return SimResult(
+        collective=program.coll, num_ranks=n, buffer_bytes=buffer_bytes, chunk_bytes=float(chunk_bytes),
+        loop_iterations=len(tiles), time_us=time_us, algbw_GBps=algbw,
+        busbw_GBps=algbw * busbw_factor(program.coll, n), num_messages=len(built.timeline_of),
+        bytes_sent=built.sent, resources=_resource_stats(model, res, time_us), link_bytes=built.link_bytes,
+        timeline=tl,
+        params={"local_GBps": opts.local_GBps, "reduce_GBps": reduce_GBps, "loop_chunk_bytes": opts.loop_chunk_bytes,
+                "rank_map": ranks, "sharing": "max-min fair" if opts.congestion_aware else "none"},
+    )
+
+
+def _chunk_bytes(program: Program, buffer_bytes: float, chunk_bytes: float | None, src: str) -> float:
+    """Bytes of one chunk: given, or the buffer over `buffer_chunks(program)`."""
     if chunk_bytes is None:
+        nchunks = buffer_chunks(program)
         if nchunks <= 0:
             raise InputError(src, "gpus", "cannot tell the chunk count of the buffer")
         chunk_bytes = buffer_bytes / nchunks
     if not chunk_bytes > 0:
         raise ValueError("chunk_bytes must be > 0")
-    if loop_chunk_bytes is None or loop_chunk_bytes >= chunk_bytes:
-        tiles = [float(chunk_bytes)]
-    else:
-        if not loop_chunk_bytes > 0:
-            raise ValueError("loop_chunk_bytes must be > 0")
-        full = int(chunk_bytes // loop_chunk_bytes)
-        tiles = [float(loop_chunk_bytes)] * full
-        rest = chunk_bytes - full * loop_chunk_bytes
-        if rest > 1e-9 * chunk_bytes:
-            tiles.append(float(rest))
-    niter = len(tiles)
-    if reduce_GBps is None:
-        reduce_GBps = topology.reduce_GBps  # a profiled rank's reduction rate; None on both: free
-    if reduce_GBps is not None and not reduce_GBps > 0:
-        raise ValueError("reduce_GBps must be > 0 (or None for free reductions)")
-    model = NetworkModel(topology, local_GBps=local_GBps)
+    return chunk_bytes
 
+
+def _loop_tiles(chunk_bytes: float, loop_chunk_bytes: float | None) -> list[float]:
+    """Bytes per chunk of each loop iteration: the whole chunk at once, or tiles of loop_chunk_bytes (the
+    last one smaller)."""
+    if loop_chunk_bytes is None or loop_chunk_bytes >= chunk_bytes:
+        return [float(chunk_bytes)]
+    if not loop_chunk_bytes > 0:
+        raise ValueError("loop_chunk_bytes must be > 0")
+    full = int(chunk_bytes // loop_chunk_bytes)
+    tiles = [float(loop_chunk_bytes)] * full
+    rest = chunk_bytes - full * loop_chunk_bytes
+    if rest > 1e-9 * chunk_bytes:
+        tiles.append(float(rest))
+    return tiles
+
+
+@dataclass
+class _StepIndex:
+    """Every step of every threadblock and loop iteration, numbered as engine tasks, with its message queues."""
+
+    niter: int
+    tbmap: dict[tuple[int, int], Any]  # (gpu, tb id) -> threadblock
+    where: list[tuple[int, int, int, int]] = field(default_factory=list)  # task -> (gpu, tb id, iteration, step)
+    first_id: dict[tuple[int, int], int] = field(default_factory=dict)  # (gpu, tb id) -> id of its first task
+    send_q: dict[tuple[int, int, int], list[int]] = field(default_factory=dict)  # (sender, receiver, channel)
+    recv_q: dict[tuple[int, int, int], list[int]] = field(default_factory=dict)
+
+    def describe(self, task: int) -> str:
+        g, t, i, k = self.where[task]
+        st = self.tbmap[(g, t)].steps[k]
+        return f"gpu {g} tb {t} step {st.s} ({st.type})" + (f" iteration {i}" if self.niter > 1 else "")
+
+
+def _index_steps(program: Program, ranks: list[int], model: NetworkModel, niter: int, src: str) -> _StepIndex:
+    """Number the tasks (threadblock by threadblock, iteration by iteration) and check every threadblock's
+    peers, channels and steps against the program and the topology."""
+    n = program.ngpus
+    topology = model.topology
     gpus = {g.id: g for g in program.gpus}
     if sorted(gpus) != list(range(len(gpus))) or len(gpus) > n:
         raise InputError(src, "gpus", f"gpu ids must be 0..{n - 1}")
-    tbmap = {(g.id, tb.id): tb for g in program.gpus for tb in g.tbs}
-    # Pass 1: task ids, routes, queues.
-    where: list[tuple[int, int, int, int]] = []  # task -> (gpu, tb id, iteration, step)
-    first_id: dict[tuple[int, int], int] = {}  # (gpu, tb id) -> id of its first task
-    send_q: dict[tuple[int, int, int], list[int]] = {}
-    recv_q: dict[tuple[int, int, int], list[int]] = {}
+    index = _StepIndex(niter, {(g.id, tb.id): tb for g in program.gpus for tb in g.tbs})
     send_owner: dict[tuple[int, int, int], int] = {}
     recv_owner: dict[tuple[int, int, int], int] = {}
     for gid in range(len(gpus)):
@@ -906,7 +918,7 @@ def simulate_program(program: Program, topology: Topology, buffer_bytes: float, 
                     raise InputError(src, loc, f"threadblocks {send_owner[key]} and {tb.id} both send to rank "
                                      f"{tb.send} on channel {tb.chan}")
                 send_owner[key] = tb.id
-                send_q[key] = []
+                index.send_q[key] = []
             if recvs:
                 if not 0 <= tb.recv < n or tb.recv == gid:
                     raise InputError(src, loc, f"receiving steps but recv peer {tb.recv}")
@@ -915,34 +927,50 @@ def simulate_program(program: Program, topology: Topology, buffer_bytes: float, 
                     raise InputError(src, loc, f"threadblocks {recv_owner[key]} and {tb.id} both receive from "
                                      f"rank {tb.recv} on channel {tb.chan}")
                 recv_owner[key] = tb.id
-                recv_q[key] = []
-            first_id[(gid, tb.id)] = len(where)
+                index.recv_q[key] = []
+            index.first_id[(gid, tb.id)] = len(index.where)
             for it in range(niter):
                 for k, st in enumerate(tb.steps):
-                    task = len(where)
-                    where.append((gid, tb.id, it, k))
+                    task = len(index.where)
+                    index.where.append((gid, tb.id, it, k))
                     if st.type in SENDING_STEPS:
-                        send_q[(gid, tb.send, tb.chan)].append(task)
+                        index.send_q[(gid, tb.send, tb.chan)].append(task)
                     if st.type in RECEIVING_STEPS:
-                        recv_q[(tb.recv, gid, tb.chan)].append(task)
-    # Match messages.
-    matched: dict[int, int] = {}  # receiving task -> sending task
-    for key in sorted(set(send_q) | set(recv_q)):
-        s_list, r_list = send_q.get(key, []), recv_q.get(key, [])
+                        index.recv_q[(tb.recv, gid, tb.chan)].append(task)
+    return index
+
+
+def _match_messages(steps: _StepIndex, src: str) -> dict[int, int]:
+    """receiving task -> sending task: FIFO order per (sender, receiver, channel)."""
+    matched: dict[int, int] = {}
+    for key in sorted(set(steps.send_q) | set(steps.recv_q)):
+        s_list, r_list = steps.send_q.get(key, []), steps.recv_q.get(key, [])
         a, b, ch = key
         if len(s_list) != len(r_list):
             raise InputError(src, f"gpu {b}" if len(r_list) > len(s_list) else f"gpu {a}",
-                             f"rank {a} sends {len(s_list) // niter} messages to rank {b} on channel {ch}, "
-                             f"rank {b} receives {len(r_list) // niter}")
+                             f"rank {a} sends {len(s_list) // steps.niter} messages to rank {b} on channel {ch}, "
+                             f"rank {b} receives {len(r_list) // steps.niter}")
         for s_task, r_task in zip(s_list, r_list):
             matched[r_task] = s_task
-    # Pass 2: tasks.
-    tasks: list[Task] = []
-    timeline_of: list[int] = []
-    nbytes_of: list[float] = []
-    link_bytes: dict[tuple[int, int], float] = {}
-    sent = 0.0
-    for task, (gid, tbid, it, k) in enumerate(where):
+    return matched
+
+
+@dataclass
+class _ProgramTasks:
+    tasks: list[Task]
+    timeline_of: list[int]  # the sending tasks
+    nbytes_of: list[float]  # per task
+    link_bytes: dict[tuple[int, int], float]  # topology ranks
+    sent: float
+
+
+def _program_tasks(steps: _StepIndex, matched: dict[int, int], ranks: list[int], model: NetworkModel,
+                   tiles: list[float], reduce_GBps: float | None, src: str) -> _ProgramTasks:
+    """One engine task per step and iteration: its dependencies (threadblock order, depid/deps, the matching
+    send) and its cost (a send crosses its route, cpy/re the rank's memory, reductions add compute)."""
+    out = _ProgramTasks([], [], [], {}, 0.0)
+    tbmap, first_id = steps.tbmap, steps.first_id
+    for task, (gid, tbid, it, k) in enumerate(steps.where):
         tb = tbmap[(gid, tbid)]
         st = tb.steps[k]
         nbytes = st.cnt * tiles[it]
@@ -960,7 +988,7 @@ def simulate_program(program: Program, topology: Topology, buffer_bytes: float, 
             deps.append(first_id[(gid, st.depid)] + it * len(dep_tb.steps) + st.deps)
         if st.type in RECEIVING_STEPS:
             s_task = matched[task]
-            sg, stb, _, sk = where[s_task]
+            sg, stb, _, sk = steps.where[s_task]
             s_step = tbmap[(sg, stb)].steps[sk]
             if s_step.cnt != st.cnt:
                 raise InputError(src, f"gpu {gid} tb {tbid} step {st.s}",
@@ -971,49 +999,38 @@ def simulate_program(program: Program, topology: Topology, buffer_bytes: float, 
         if st.type in SENDING_STEPS:
             a, b = ranks[gid], ranks[tb.send]
             route = model.route(a, b)
-            tasks.append(Task(route.alpha_us + extra, nbytes, route.resources, tuple(deps), 0.0, route.account))
-            timeline_of.append(task)
-            link_bytes[(a, b)] = link_bytes.get((a, b), 0.0) + nbytes
-            sent += nbytes
+            out.tasks.append(Task(route.alpha_us + extra, nbytes, route.resources, tuple(deps), 0.0, route.account))
+            out.timeline_of.append(task)
+            out.link_bytes[(a, b)] = out.link_bytes.get((a, b), 0.0) + nbytes
+            out.sent += nbytes
         elif st.type in ("cpy", "re"):
             mem = model.memory(ranks[gid])
             res = (mem,) if mem is not None and nbytes > 0 else ()
-            tasks.append(Task(0.0, nbytes if res else 0.0, res, tuple(deps)))
+            out.tasks.append(Task(0.0, nbytes if res else 0.0, res, tuple(deps)))
         else:  # r, rrc (reduce compute only), nop
-            tasks.append(Task(extra, 0.0, (), tuple(deps)))
-        nbytes_of.append(nbytes)
-    res = _engine(tasks, model.capacities, congestion_aware, sharing)
-    if res.unfinished:
-        # A dependency cycle. Report the first step a threadblock is blocked on (its predecessor in the
-        # threadblock finished, or it is the first) and the stuck steps it waits for.
-        def describe(task: int) -> str:
-            g_, t_, i_, k_ = where[task]
-            st_ = tbmap[(g_, t_)].steps[k_]
-            return f"gpu {g_} tb {t_} step {st_.s} ({st_.type})" + (f" iteration {i_}" if niter > 1 else "")
+            out.tasks.append(Task(extra, 0.0, (), tuple(deps)))
+        out.nbytes_of.append(nbytes)
+    return out
 
-        stuck = set(res.unfinished)
-        blocked = [i for i in res.unfinished if i == first_id[where[i][:2]] or i - 1 not in stuck]
-        task = blocked[0] if blocked else res.unfinished[0]
-        waits = [describe(d) for d in tasks[task].deps if d in stuck]
-        gid, tbid, it, k = where[task]
-        raise InputError(src, describe(task).split(" (")[0],
-                         f"deadlock: step {tbmap[(gid, tbid)].steps[k].type!r} waits for "
-                         f"{', '.join(waits) or 'a stuck step'}; {len(stuck)} steps never run")
-    time_us = res.makespan_us + call_overhead_us(topology, n)
-    tl = None
-    if timeline:
-        tl = []
-        for task in timeline_of:
-            gid, tbid, it, k = where[task]
-            tb = tbmap[(gid, tbid)]
-            tl.append(TimelineEntry(res.start_us[task], res.finish_us[task], ranks[gid], ranks[tb.send],
-                                    nbytes_of[task], f"g{gid} tb{tbid} s{k}" + (f" i{it}" if niter > 1 else "")))
-    algbw = buffer_bytes / time_us / 1e3 if time_us > 0 else math.inf
-    return SimResult(
-        collective=program.coll, num_ranks=n, buffer_bytes=buffer_bytes, chunk_bytes=float(chunk_bytes),
-        loop_iterations=niter, time_us=time_us, algbw_GBps=algbw, busbw_GBps=algbw * busbw_factor(program.coll, n),
-        num_messages=len(timeline_of), bytes_sent=sent, resources=_resource_stats(model, res, time_us),
-        link_bytes=link_bytes, timeline=tl,
-        params={"local_GBps": local_GBps, "reduce_GBps": reduce_GBps, "loop_chunk_bytes": loop_chunk_bytes,
-                "rank_map": ranks, "sharing": "max-min fair" if congestion_aware else "none"},
-    )
+
+def _deadlock(steps: _StepIndex, tasks: list[Task], unfinished: list[int], src: str) -> InputError:
+    """A dependency cycle: name the first step a threadblock is blocked on (its predecessor in the threadblock
+    finished, or it is the first) and the stuck steps it waits for."""
+    stuck = set(unfinished)
+    blocked = [i for i in unfinished if i == steps.first_id[steps.where[i][:2]] or i - 1 not in stuck]
+    task = blocked[0] if blocked else unfinished[0]
+    waits = [steps.describe(d) for d in tasks[task].deps if d in stuck]
+    gid, tbid, it, k = steps.where[task]
+    return InputError(src, steps.describe(task).split(" (")[0],
+                      f"deadlock: step {steps.tbmap[(gid, tbid)].steps[k].type!r} waits for "
+                      f"{', '.join(waits) or 'a stuck step'}; {len(stuck)} steps never run")
+
+
+def _program_timeline(steps: _StepIndex, built: _ProgramTasks, res: EngineResult, ranks: list[int]) -> list[TimelineEntry]:
+    tl = []
+    for task in built.timeline_of:
+        gid, tbid, it, k = steps.where[task]
+        tb = steps.tbmap[(gid, tbid)]
+        tl.append(TimelineEntry(res.start_us[task], res.finish_us[task], ranks[gid], ranks[tb.send],
+                                built.nbytes_of[task], f"g{gid} tb{tbid} s{k}" + (f" i{it}" if steps.niter > 1 else "")))
+    return tl

@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from mlopt.errors import InputError, MloptError
+from mlopt.planners.registry import plan_metrics
 from mlopt.sweep import cache as cache_mod
-from mlopt.sweep.cells import Cell, complete_plan, metrics_from_files, plan_metrics, status_of_exit
+from mlopt.sweep.cells import Cell, complete_plan, metrics_from_files, status_of_exit
 from mlopt.sweep.executors import check_available, execute
 from mlopt.sweep.report import collective_plots, require_pandas, write_summary
 from mlopt.sweep.spec import load_spec

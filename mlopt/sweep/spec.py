@@ -32,7 +32,9 @@ from typing import Any
 import click
 
 from mlopt.errors import InputError
-from mlopt.sweep.cells import PLANNERS, REFUSED_OPTIONS, Cell
+from mlopt.planners.registry import find_kind, kind_names
+from mlopt.sweep.cells import REFUSED_OPTIONS, Cell
+from mlopt.sweep.command import plan_options
 
 GRID_KEYS = ("planner", "name", "options", "grid")
 _TOKEN_BAD = re.compile(r"[^A-Za-z0-9._+=-]+")
@@ -89,20 +91,6 @@ def load_spec(path: str | Path) -> Spec:
     return Spec(source, tuple(cells))
 
 
-def _options_of(planner: str) -> dict[str, click.Option]:
-    """Long option name (without --) -> the click option of `mlopt plan PLANNER`."""
-    from mlopt.cli import plan
-
-    command = plan.commands[planner]
-    out = {}
-    for param in command.params:
-        if isinstance(param, click.Option):
-            for opt in (*param.opts, *param.secondary_opts):
-                if opt.startswith("--"):
-                    out[opt[2:]] = param
-    return out
-
-
 def _grid_cells(grid: dict[str, Any], field: str, source: str, base: Path, first_index: int,
                 inputs: list[tuple[str, str, bool, str]]) -> list[Cell]:
     """The grid's cells; the input files its options name are appended to `inputs` (option, path, always a
@@ -111,14 +99,14 @@ def _grid_cells(grid: dict[str, Any], field: str, source: str, base: Path, first
     if unknown:
         raise InputError(source, f"{field}.{unknown[0]}", f"unknown key (a grid has {', '.join(GRID_KEYS)})")
     planner = grid.get("planner")
-    if not isinstance(planner, str) or planner not in PLANNERS:
+    kind = find_kind(planner) if isinstance(planner, str) else None
+    if kind is None:
         raise InputError(source, f"{field}.planner",
-                         f"{planner!r} is not a planner; expected one of {', '.join(PLANNERS)}")
+                         f"{planner!r} is not a planner; expected one of {', '.join(kind_names())}")
     name = grid.get("name", planner)
     if not isinstance(name, str) or not _NAME_OK.match(name):
         raise InputError(source, f"{field}.name", f"{name!r}: expected a folder name (letters, digits, . _ -)")
-    known = _options_of(planner)
-    kind = PLANNERS[planner]
+    known = plan_options(planner)
 
     def option(key: Any, where: str) -> tuple[str, click.Option]:
         norm = str(key).lstrip("-").replace("_", "-")
@@ -133,7 +121,7 @@ def _grid_cells(grid: dict[str, Any], field: str, source: str, base: Path, first
         p = Path(text).expanduser()
         if p.is_absolute():
             return str(p)
-        if norm in kind.path_options or (norm in kind.maybe_path_options and (base / p).exists()):
+        if norm in kind.file_inputs or (norm in kind.named_inputs and (base / p).exists()):
             return str(base / p)
         return text
 
@@ -158,11 +146,11 @@ def _grid_cells(grid: dict[str, Any], field: str, source: str, base: Path, first
                 param.type.convert(text, param, None)
             except click.BadParameter as exc:
                 raise InputError(source, here, f"--{norm}: {exc.message}") from None
-            if norm in kind.path_options or norm in kind.maybe_path_options:
+            if norm in kind.file_inputs or norm in kind.named_inputs:
                 text = resolve(norm, text)
-                inputs.append((norm, text, norm in kind.path_options, here))
+                inputs.append((norm, text, norm in kind.file_inputs, here))
             args += [f"--{norm}", text]
-            tokens.append(_token(str(item), norm in kind.path_options or Path(text).is_file()))
+            tokens.append(_token(str(item), norm in kind.file_inputs or Path(text).is_file()))
         return args, "+".join(tokens)
 
     options = grid.get("options") or {}
@@ -227,7 +215,7 @@ def _grid_cells(grid: dict[str, Any], field: str, source: str, base: Path, first
         cells.append(Cell(
             index=first_index + k, grid=name, planner=planner,
             axes=tuple((axis, entry[2]) for axis, entry in zip(axis_names, combo)),
-            args=tuple(args), output=f"{name}/{stem}{kind.suffix}",
+            args=tuple(args), output=f"{name}/{stem}{kind.output_suffix}",
             record_wall_time=record_wall_time or any(entry[3] for entry in combo)))
     return _unique_names(cells)
 
@@ -282,7 +270,7 @@ def _unique_names(cells: list[Cell]) -> list[Cell]:
     if all(n == 1 for n in count.values()):
         return cells
     out = []
-    suffix = PLANNERS[cells[0].planner].suffix
+    suffix = cells[0].kind.output_suffix
     for cell in cells:
         if count[cell.output] > 1:
             digest = hashlib.sha256("\0".join(cell.args).encode()).hexdigest()[:8]

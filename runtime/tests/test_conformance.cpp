@@ -1,7 +1,7 @@
 // The MSCCL-EF conformance corpus (tests/conformance/msccl_xml, docs/input-contract.md) through the C++ loader:
 // every file of the manifest loads through mlopt_plan_load and gets the manifest's verdict, with the status
 // and the field (the location the message starts with, line left out) and a message containing `message`.
-// tests/test_conformance_msccl_xml.py holds the Python loader to the same manifest, so both languages agree.
+// tests/formats/test_msccl_contract.py holds the Python loader to the same manifest, so both languages agree.
 // "unproven" files must load here: their defect is found by mlopt validate's symbolic proof (Python only).
 //
 // The manifest is read with the runtime's own JSON parser (src/json.hpp). Files are found through MLOPT_REPO

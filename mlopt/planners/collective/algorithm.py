@@ -16,6 +16,11 @@ A transfer sends chunk `chunk` from `src` to `dst`. Its `step` orders the algori
 what `src` holds of the chunk after every transfer of that chunk into `src` with a smaller step (its own
 part, plus partial sums received so far for reductions). With `reduce`, `dst` adds what arrives to what it
 holds; without, `dst`'s copy is replaced. Transfers out of one rank are issued in step order.
+
+The table only numbers the chunks (`sources`, `destinations`: where chunk c sits in each rank's input and
+output buffer); what the buffers hold before and must hold after is `CollectiveSpec`'s (mlopt.sim.collectives),
+the contract the MSCCL-EF checker and the simulator's schedule checker use too. `check_algorithm` replays the
+transfers from `spec.initial` and judges every rank's output buffer with `postcondition_problems`.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 
-from mlopt.sim.collectives import CollectiveSpec, Symbol, combine, symbol
+from mlopt.sim.collectives import CollectiveSpec, Symbol, combine, postcondition_problems
 
 
 @dataclass(frozen=True)
@@ -73,10 +78,6 @@ class Algorithm:
             return {self.spec.root: chunk}
         return {r: chunk for r in range(n)}  # allgather, allreduce, broadcast
 
-    def expected(self, chunk: int) -> Symbol:
-        """The value every destination must hold."""
-        return symbol([(r, i) for r, i in self.sources(chunk).items()])
-
 
 def final_values(alg: Algorithm) -> dict[tuple[int, int], Symbol]:
     """(chunk, rank) -> value held at the end, replaying transfers in step order."""
@@ -85,7 +86,7 @@ def final_values(alg: Algorithm) -> dict[tuple[int, int], Symbol]:
         by_chunk[t.chunk].append(t)
     values: dict[tuple[int, int], Symbol] = {}
     for chunk in range(alg.num_chunks):
-        held = {r: symbol([(r, i)]) for r, i in alg.sources(chunk).items()}
+        held = {r: alg.spec.initial(r, i) for r, i in alg.sources(chunk).items()}
         transfers = sorted(by_chunk.get(chunk, ()), key=lambda t: t.step)
         i = 0
         while i < len(transfers):  # transfers of one step see the values from before that step
@@ -120,19 +121,17 @@ def check_algorithm(alg: Algorithm) -> list[str]:
         values = final_values(alg)
     except ValueError as exc:
         return [str(exc)]
-    for chunk in range(alg.num_chunks):
-        want = alg.expected(chunk)
-        for r in alg.destinations(chunk):
-            got = values.get((chunk, r))
-            if got != want:
-                problems.append(f"chunk {chunk} at rank {r}: holds {_show(got)}, needs {_show(want)}")
-    return problems
+    chunk_at = {(r, j): chunk for chunk in range(alg.num_chunks) for r, j in alg.destinations(chunk).items()}
 
+    def held(r: int, j: int) -> Symbol | None:
+        chunk = chunk_at.get((r, j))
+        return None if chunk is None else values.get((chunk, r))
 
-def _show(value: Symbol | None) -> str:
-    if value is None:
-        return "nothing"
-    return "{" + ", ".join(f"r{r}[{i}]" + (f"x{m}" if m > 1 else "") for (r, i), m in value) + "}"
+    def where(r: int, j: int) -> str:
+        chunk = chunk_at.get((r, j))
+        return f"rank {r} output {j} (no chunk ends there)" if chunk is None else f"chunk {chunk} at rank {r}"
+
+    return postcondition_problems(alg.spec, held, where=where)
 
 
 def link_loads(alg: Algorithm) -> Counter:

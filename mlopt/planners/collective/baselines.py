@@ -26,6 +26,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
+
 from mlopt.formats.topology import Topology
 from mlopt.planners.collective.algorithm import Algorithm, Transfer
 from mlopt.planners.collective.baseline_graph import (
@@ -35,6 +37,16 @@ from mlopt.planners.collective.baseline_graph import (
     embed,
     find_rings,
     no_cycle_reason,
+)
+from mlopt.sim.collective_shapes import (
+    as_parent_map,
+    binary_tree,
+    direct_pairs,
+    grid_groups,
+    mirrored_tree,
+    ring_hops,
+    shifted_tree,
+    tree_depths,
 )
 from mlopt.sim.collectives import CollectiveSpec
 
@@ -60,12 +72,6 @@ def _links(topology: Topology) -> set[tuple[int, int]]:
 
 # --------------------------------------------------------------------------------------------------------------
 # Ring
-
-
-def _ring_path(ring: list[int], start: int, hops: int) -> list[tuple[int, int]]:
-    n = len(ring)
-    p = ring.index(start)
-    return [(ring[(p + h) % n], ring[(p + h + 1) % n]) for h in range(hops)]
 
 
 Move = tuple[int, int, bool]  # (src, dst, reduce): one hop of one chunk, steps assigned by `schedule`
@@ -120,16 +126,16 @@ def _ring_moves(kind: str, rings: list[list[int]], n: int, k: int, root: int = 0
                     if s != d:
                         ring_ = rings[j % R]
                         hops = (ring_.index(d) - ring_.index(s)) % n
-                        moves[(s * n + d) * k + j] = [(a, b, False) for a, b in _ring_path(ring_, s, hops)]
+                        moves[(s * n + d) * k + j] = [(a, b, False) for a, b in ring_hops(ring_, s, hops)]
         return moves
     if kind in ("broadcast", "reduce"):
         for c in range(k):
             ring_ = rings[c % R]
             if kind == "broadcast":
-                moves[c] = [(a, b, False) for a, b in _ring_path(ring_, root, n - 1)]
+                moves[c] = [(a, b, False) for a, b in ring_hops(ring_, root, n - 1)]
             else:  # reduce: start right after the root, end at it
                 start = ring_[(ring_.index(root) + 1) % n]
-                moves[c] = [(a, b, True) for a, b in _ring_path(ring_, start, n - 1)]
+                moves[c] = [(a, b, True) for a, b in ring_hops(ring_, start, n - 1)]
         return moves
     for c in range(n * k):
         owner, j = divmod(c, k)
@@ -137,9 +143,9 @@ def _ring_moves(kind: str, rings: list[list[int]], n: int, k: int, root: int = 0
         after = ring_[(ring_.index(owner) + 1) % n]
         ms: list[Move] = []
         if kind in ("reducescatter", "allreduce"):  # reduce around the ring, ending at the owner
-            ms += [(a, b, True) for a, b in _ring_path(ring_, after, n - 1)]
+            ms += [(a, b, True) for a, b in ring_hops(ring_, after, n - 1)]
         if kind in ("allgather", "allreduce"):  # then pass the result on from the owner
-            ms += [(a, b, False) for a, b in _ring_path(ring_, owner, n - 1)]
+            ms += [(a, b, False) for a, b in ring_hops(ring_, owner, n - 1)]
         moves[c] = ms
     return moves
 
@@ -181,50 +187,21 @@ def ring(topology: Topology, spec: CollectiveSpec, channels: int | None = None) 
 # Double binary tree
 
 
-def _btree(nranks: int, rank: int) -> tuple[int, list[int]]:
-    """NCCL's binary tree (src/graph/trees.cc ncclGetBtree): (parent or -1, children)."""
-    bit = 1
-    while bit < nranks:
-        if bit & rank:
-            break
-        bit <<= 1
-    if rank == 0:
-        return -1, ([bit >> 1] if nranks > 1 else [])
-    up = (rank ^ bit) | (bit << 1)
-    if up >= nranks:
-        up = rank ^ bit
-    lowbit = bit >> 1
-    down0 = -1 if lowbit == 0 else rank - lowbit
-    down1 = -1 if lowbit == 0 else rank + lowbit
-    while down1 >= nranks:
-        down1 = -1 if lowbit == 0 else rank + lowbit
-        lowbit >>= 1
-    return up, [d for d in (down0, down1) if d >= 0]
-
-
 def nccl_dtree(nranks: int) -> list[dict[int, int]]:
-    """NCCL's double binary tree over positions 0..n-1 (ncclGetDtree): two {child: parent} maps, the second
-    tree the first shifted by one position (n even: its interior positions are the first's leaves) or
-    mirrored (n odd)."""
-    first = {r: _btree(nranks, r)[0] for r in range(nranks)}
-    if nranks % 2 == 0:
-        second = {r: (-1 if first[(r - 1) % nranks] == -1 else (first[(r - 1) % nranks] + 1) % nranks)
-                  for r in range(nranks)}
-    else:
-        second = {r: (-1 if first[nranks - 1 - r] == -1 else nranks - 1 - first[nranks - 1 - r]) for r in range(nranks)}
-    return [{c: p for c, p in t.items() if p >= 0} for t in (first, second)]
+    """Two {child: parent} maps over positions 0..n-1: NCCL's binary tree (ncclGetBtree), and the second tree
+    the first shifted by one position (n even: its interior positions are the first's leaves) or mirrored
+    (n odd). NCCL's ncclGetDtree pairs them the other way round (shift for odd n, mirror for even:
+    `collective_shapes.double_binary_tree`, what the simulator times); this pairing is kept because the
+    committed plans were made with it."""
+    first = binary_tree(nranks)
+    second = shifted_tree(first) if nranks % 2 == 0 else mirrored_tree(first)
+    return [as_parent_map(first), as_parent_map(second)]
 
 
 def _tree_moves(parent: dict[int, int]) -> list[Move]:
     """Allreduce on one tree: reduce up to the root (children before parents), then broadcast down."""
-    depth: dict[int, int] = {}
-
-    def d(x: int) -> int:
-        if x not in depth:
-            depth[x] = 0 if x not in parent else d(parent[x]) + 1
-        return depth[x]
-
-    order = sorted(parent, key=lambda x: (-d(x), x))
+    depth = tree_depths(parent)
+    order = sorted(parent, key=lambda x: (-depth[x], x))
     return [(x, parent[x], True) for x in order] + [(parent[x], x, False) for x in reversed(order)]
 
 
@@ -270,7 +247,8 @@ def direct(topology: Topology, spec: CollectiveSpec) -> Algorithm:
     _check_spec(topology, spec, "direct", ("alltoall", "allgather", "reducescatter", "allreduce"))
     n, k = spec.num_ranks, spec.chunks_per_rank
     links = _links(topology)
-    missing = [(a, b) for a in range(n) for b in range(n) if a != b and (a, b) not in links]
+    pairs = sorted(zip(*(x.tolist() for x in direct_pairs(n))))  # (src, dst) in rank order
+    missing = [pair for pair in pairs if pair not in links]
     if missing:
         raise BaselineError(
             f"direct needs a link between every pair of ranks; {topology.name} has no link "
@@ -279,18 +257,18 @@ def direct(topology: Topology, spec: CollectiveSpec) -> Algorithm:
         )
     ts: list[Transfer] = []
     if spec.kind == "alltoall":
-        for s in range(n):
-            for d in range(n):
-                if s != d:
-                    ts += [Transfer((s * n + d) * k + j, s, d, 0, group=0) for j in range(k)]
+        for s, d in pairs:
+            ts += [Transfer((s * n + d) * k + j, s, d, 0, group=0) for j in range(k)]
     else:
+        senders = {r: [s for s, d in pairs if d == r] for r in range(n)}
+        receivers = {r: [d for s, d in pairs if s == r] for r in range(n)}
         for c in range(n * k):
             owner = c // k
             if spec.kind in ("reducescatter", "allreduce"):
-                ts += [Transfer(c, s, owner, 0, reduce=True, group=0) for s in range(n) if s != owner]
+                ts += [Transfer(c, s, owner, 0, reduce=True, group=0) for s in senders[owner]]
             if spec.kind in ("allgather", "allreduce"):
                 step = 1 if spec.kind == "allreduce" else 0
-                ts += [Transfer(c, owner, d, step, group=1) for d in range(n) if d != owner]
+                ts += [Transfer(c, owner, d, step, group=1) for d in receivers[owner]]
     return Algorithm("direct", spec, tuple(ts))
 
 
@@ -326,13 +304,11 @@ def hierarchical(topology: Topology, spec: CollectiveSpec) -> Algorithm:
                 + no_cycle_reason(ranks, bw)
             )
         intra.append(cyc[0])
-    inter = []
-    for l in range(G):
-        peers = [nodes[m][l] for m in range(M)]
+    inter = grid_groups(np.array(nodes), 1).tolist()  # the nodes' l-th GPUs, in node order
+    for l, peers in enumerate(inter):
         for a, b in zip(peers, peers[1:] + peers[:1]):
             if a != b and (a, b) not in bw:
                 raise BaselineError(f"hierarchical: no link {a}->{b} between GPUs with local index {l}")
-        inter.append(peers)
     where = {r: (m, l) for m, ranks in enumerate(nodes) for l, r in enumerate(ranks)}
     kind = spec.kind
     moves: dict[int, list[Move]] = {}
@@ -341,12 +317,12 @@ def hierarchical(topology: Topology, spec: CollectiveSpec) -> Algorithm:
         # in every node, reduce c onto its l-th GPU / pass c on from it
         intra_reduce = [
             (a, b, True) for mm in range(M)
-            for a, b in _ring_path(intra[mm], intra[mm][(intra[mm].index(nodes[mm][l]) + 1) % G], G - 1)
+            for a, b in ring_hops(intra[mm], intra[mm][(intra[mm].index(nodes[mm][l]) + 1) % G], G - 1)
         ]  # fmt: skip
-        intra_gather = [(a, b, False) for mm in range(M) for a, b in _ring_path(intra[mm], nodes[mm][l], G - 1)]
+        intra_gather = [(a, b, False) for mm in range(M) for a, b in ring_hops(intra[mm], nodes[mm][l], G - 1)]
         # among the l-th GPUs: reduce c onto node m's / pass it on from node m's
-        inter_reduce = [(a, b, True) for a, b in _ring_path(inter[l], inter[l][(m + 1) % M], M - 1)]
-        inter_gather = [(a, b, False) for a, b in _ring_path(inter[l], nodes[m][l], M - 1)]
+        inter_reduce = [(a, b, True) for a, b in ring_hops(inter[l], inter[l][(m + 1) % M], M - 1)]
+        inter_gather = [(a, b, False) for a, b in ring_hops(inter[l], nodes[m][l], M - 1)]
         if kind == "allreduce":
             moves[c] = intra_reduce + inter_reduce + inter_gather + intra_gather
         elif kind == "allgather":

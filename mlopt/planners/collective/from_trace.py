@@ -8,7 +8,7 @@ from typing import Any
 from mlopt.formats.sizes import format_size
 from mlopt.formats.topology import Topology
 from mlopt.formats.trace import ModelTrace
-from mlopt.planners import WrittenPlan
+from mlopt.planners.protocol import WrittenPlan
 from mlopt.planners.collective.output import write_collective_plan
 from mlopt.planners.collective.planner import COLLECTIVES, CollectiveOptions, plan_collective
 from mlopt.planners.options import PlannerOptions

@@ -659,10 +659,27 @@ class _Retry(Exception):
 
 
 def _emit(plan: _Plan, C: int, *, name: str, proto: str, min_bytes: int, max_bytes: int) -> Program:
-    n, N = plan.n, plan.instances
-    ops = plan.ops
+    n = plan.n
+    chain_chan = _assign_channels(plan, C)
+    tb_meta, tb_ops = _threadblocks(plan, chain_chan)
+    for r in range(n):
+        _add_dependencies(plan, tb_ops[r])
+    step_index = _step_indices(tb_meta, tb_ops, C)
+    _check_threadblocks_per_channel(tb_meta)
+    has_dep = {id(p) for r in range(n) for lst in tb_ops[r] for op in lst for p in op.deps}
+    gpus = _gpus(plan, C, tb_meta, tb_ops, step_index, has_dep)
+    spec, N = plan.spec, plan.instances
+    return Program(
+        name=name, proto=proto, nchannels=C * N,
+        nchunksperloop=max(spec.input_chunks(), spec.output_chunks()) * N, ngpus=n, coll=spec.kind,
+        inplace=plan.inplace, outofplace=not plan.inplace, min_bytes=min_bytes, max_bytes=max_bytes,
+        gpus=tuple(gpus),
+    )  # fmt: skip
 
-    # chains of fused messages travel on one channel
+
+def _assign_channels(plan: _Plan, C: int) -> dict[int, int]:
+    """Chain (of fused messages, which travel on one channel) -> channel; sets each op's chain. Phased plans
+    run phase p on channel p; others balance each chain's slots over the C channels."""
     parent = list(range(len(plan.msgs)))
 
     def find(x: int) -> int:
@@ -677,7 +694,7 @@ def _emit(plan: _Plan, C: int, *, name: str, proto: str, min_bytes: int, max_byt
             if a != b:
                 parent[max(a, b)] = min(a, b)
     chain_ops: dict[int, list[_Op]] = defaultdict(list)
-    for op in ops:
+    for op in plan.ops:
         op.chain = find(op.msgs[0].id) if op.msgs else None
         if op.chain is not None:
             chain_ops[op.chain].append(op)
@@ -695,15 +712,19 @@ def _emit(plan: _Plan, C: int, *, name: str, proto: str, min_bytes: int, max_byt
             for s, k in touched.items():
                 load[(s, best)] += k
             chan_total[best] += len(chain_ops[chain])
+    return chain_chan
 
-    # threadblocks per rank
-    per_rank_tbs: list[dict[tuple, list[_Op]]] = [defaultdict(list) for _ in range(n)]
-    for op in ops:
+
+def _threadblocks(plan: _Plan, chain_chan: dict[int, int]):
+    """Per rank: threadblock (send peer, recv peer, channel) by id, and each threadblock's ops in key order
+    (sets each op's tb and seq)."""
+    per_rank_tbs: list[dict[tuple, list[_Op]]] = [defaultdict(list) for _ in range(plan.n)]
+    for op in plan.ops:
         ch = chain_chan[op.chain] if op.chain is not None else 0
         per_rank_tbs[op.rank][(op.slot, ch)].append(op)
     tb_meta: list[list[tuple[int, int, int]]] = []  # per rank: (send, recv, chan) by tb id
     tb_ops: list[list[list[_Op]]] = []
-    for r in range(n):
+    for r in range(plan.n):
         entries = []
         for (slot, ch), lst in per_rank_tbs[r].items():
             if slot[1] == "local":  # (rank, "local", phase, part)
@@ -720,54 +741,60 @@ def _emit(plan: _Plan, C: int, *, name: str, proto: str, min_bytes: int, max_byt
             lists.append(lst)
         tb_meta.append(meta)
         tb_ops.append(lists)
+    return tb_meta, tb_ops
 
-    # dependencies: replay each rank in key order over the slots
-    for r in range(n):
-        rank_ops = sorted((op for lst in tb_ops[r] for op in lst), key=lambda o: o.key)
-        last_writer: dict[Slot, _Op] = {}
-        readers: dict[Slot, list[_Op]] = defaultdict(list)
-        tb_vc: dict[int, dict[int, int]] = defaultdict(dict)
-        slot_last: dict[tuple, _Op] = {}
-        for op in rank_ops:
-            need: set[_Op] = set()
-            if plan.phased and op.msgs:
-                # phases of one (send peer, recv peer) pair run one after the other, as one threadblock would
-                prev = slot_last.get(op.slot)
-                if prev is not None and prev.tb != op.tb:
-                    need.add(prev)
-                slot_last[op.slot] = op
-            for s in op.reads:
-                w = last_writer.get(s)
-                if w is not None:
-                    need.add(w)
-            for s in op.writes:
-                w = last_writer.get(s)
-                if w is not None:
-                    need.add(w)
-                need.update(readers[s])
-            need.discard(op)
-            vc = dict(tb_vc[op.tb])
-            deps = []
-            for p in sorted((p for p in need if p.tb != op.tb), key=lambda p: p.key, reverse=True):
-                if vc.get(p.tb, -1) >= p.seq:
-                    continue
-                deps.append(p)
-                for k, v in p.vc.items():
-                    if vc.get(k, -1) < v:
-                        vc[k] = v
-            vc[op.tb] = op.seq
-            op.vc = vc
-            tb_vc[op.tb] = vc
-            op.deps = sorted(deps, key=lambda p: p.key)
-            for s in op.reads:
-                readers[s].append(op)
-            for s in op.writes:
-                last_writer[s] = op
-                readers[s] = []
 
-    # step numbering with nops
+def _add_dependencies(plan: _Plan, rank_tbs: list[list[_Op]]) -> None:
+    """Cross-threadblock dependencies of one rank's ops: replay them in key order over the slots, keeping
+    only dependencies a vector clock does not already imply (sets each op's deps and vc)."""
+    rank_ops = sorted((op for lst in rank_tbs for op in lst), key=lambda o: o.key)
+    last_writer: dict[Slot, _Op] = {}
+    readers: dict[Slot, list[_Op]] = defaultdict(list)
+    tb_vc: dict[int, dict[int, int]] = defaultdict(dict)
+    slot_last: dict[tuple, _Op] = {}
+    for op in rank_ops:
+        need: set[_Op] = set()
+        if plan.phased and op.msgs:
+            # phases of one (send peer, recv peer) pair run one after the other, as one threadblock would
+            prev = slot_last.get(op.slot)
+            if prev is not None and prev.tb != op.tb:
+                need.add(prev)
+            slot_last[op.slot] = op
+        for s in op.reads:
+            w = last_writer.get(s)
+            if w is not None:
+                need.add(w)
+        for s in op.writes:
+            w = last_writer.get(s)
+            if w is not None:
+                need.add(w)
+            need.update(readers[s])
+        need.discard(op)
+        vc = dict(tb_vc[op.tb])
+        deps = []
+        for p in sorted((p for p in need if p.tb != op.tb), key=lambda p: p.key, reverse=True):
+            if vc.get(p.tb, -1) >= p.seq:
+                continue
+            deps.append(p)
+            for k, v in p.vc.items():
+                if vc.get(k, -1) < v:
+                    vc[k] = v
+        vc[op.tb] = op.seq
+        op.vc = vc
+        tb_vc[op.tb] = vc
+        op.deps = sorted(deps, key=lambda p: p.key)
+        for s in op.reads:
+            readers[s].append(op)
+        for s in op.writes:
+            last_writer[s] = op
+            readers[s] = []
+
+
+def _step_indices(tb_meta, tb_ops, C: int) -> dict[int, int]:
+    """id(op) -> its step in its threadblock (a nop before it for every dependency but the last); _Retry when
+    a threadblock exceeds MAX_STEPS_PER_THREADBLOCK."""
     step_index: dict[int, int] = {}
-    for r in range(n):
+    for r in range(len(tb_ops)):
         for lst in tb_ops[r]:
             i = 0
             for op in lst:
@@ -778,17 +805,25 @@ def _emit(plan: _Plan, C: int, *, name: str, proto: str, min_bytes: int, max_byt
                 send, recv, ch = tb_meta[r][lst[0].tb]
                 raise _Retry(f"rank {r}: the threadblock sending to {send} and receiving from {recv} needs {i} steps "
                              f"(at most {MAX_STEPS_PER_THREADBLOCK}) with {C} channel(s) per instance")
-    for r in range(n):
+    return step_index
+
+
+def _check_threadblocks_per_channel(tb_meta) -> None:
+    """_Retry when a rank has more than 32 threadblocks sending (or receiving) on one channel."""
+    for r in range(len(tb_meta)):
         for kind, idx in (("sending to", 0), ("receiving from", 1)):
             per_chan = Counter(m[2] for m in tb_meta[r] if m[idx] >= 0)
             for ch, count in per_chan.items():
                 if count > 32:
                     raise _Retry(f"rank {r}: {count} threadblocks {kind} peers on one channel (at most 32)", True)
-    has_dep = {id(p) for r in range(n) for lst in tb_ops[r] for op in lst for p in op.deps}
 
-    # scratch compaction (order kept)
+
+def _gpus(plan: _Plan, C: int, tb_meta, tb_ops, step_index: dict[int, int], has_dep: set[int]) -> list[Gpu]:
+    """The program's GPUs: every threadblock's steps, repeated per instance over compacted scratch (order
+    kept) and interleaved buffer chunks."""
+    n, N = plan.n, plan.instances
     used: list[set[int]] = [set() for _ in range(n)]
-    for op in ops:
+    for op in plan.ops:
         for s in op.reads + op.writes:
             if s[0] == "s":
                 used[op.rank].add(s[1])
@@ -820,12 +855,7 @@ def _emit(plan: _Plan, C: int, *, name: str, proto: str, min_bytes: int, max_byt
                                       id(op) in has_dep))
                 tbs.append(Threadblock(inst * T + t, send, recv, inst * C + ch, tuple(steps)))
         gpus.append(Gpu(r, spec.input_chunks() * N, spec.output_chunks() * N, S[r] * N, tuple(tbs)))
-    return Program(
-        name=name, proto=proto, nchannels=C * N,
-        nchunksperloop=max(spec.input_chunks(), spec.output_chunks()) * N, ngpus=n, coll=spec.kind,
-        inplace=plan.inplace, outofplace=not plan.inplace, min_bytes=min_bytes, max_bytes=max_bytes,
-        gpus=tuple(gpus),
-    )  # fmt: skip
+    return gpus
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -836,25 +866,9 @@ def lowered_spec(spec: CollectiveSpec, instances: int = 1) -> CollectiveSpec:
     return replace(spec, chunks_per_rank=spec.chunks_per_rank * instances)
 
 
-def lower(
-    alg: Algorithm,
-    *,
-    instances: int = 1,
-    channels: int | None = None,
-    proto: str = "Simple",
-    name: str | None = None,
-    inplace: bool = False,
-    min_bytes: int = 0,
-    max_bytes: int = DEFAULT_MAX_BYTES,
-    check: bool = True,
-) -> Program:
-    """The MSCCL-EF program running `alg` (see the module docstring); LoweringError when it cannot be lowered.
-
-    instances: copies of the program, each on sub-chunk i of every chunk and its own channels.
-    channels: channels per instance (None: the fewest that fit the executor's limits, as consecutive phases of
-    the algorithm when they fit; given: chains spread over that many concurrent channels); nchannels =
-    channels * instances must stay within 32. check: first verify the algorithm with `check_algorithm`.
-    """
+def _check_lower_args(alg: Algorithm, instances, channels, proto: str, min_bytes: int, max_bytes: int,
+                      check: bool) -> None:
+    """LoweringError for arguments `lower` cannot honour (and, with check, for an incorrect algorithm)."""
     spec = alg.spec
     if not isinstance(instances, int) or instances < 1:
         raise LoweringError(f"instances must be a positive integer, got {instances!r}")
@@ -880,6 +894,28 @@ def lower(
         if problems:
             more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
             raise LoweringError(f"algorithm {alg.name!r} does not implement its {spec.kind}: {problems[0]}{more}")
+
+
+def lower(
+    alg: Algorithm,
+    *,
+    instances: int = 1,
+    channels: int | None = None,
+    proto: str = "Simple",
+    name: str | None = None,
+    inplace: bool = False,
+    min_bytes: int = 0,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    check: bool = True,
+) -> Program:
+    """The MSCCL-EF program running `alg` (see the module docstring); LoweringError when it cannot be lowered.
+
+    instances: copies of the program, each on sub-chunk i of every chunk and its own channels.
+    channels: channels per instance (None: the fewest that fit the executor's limits, as consecutive phases of
+    the algorithm when they fit; given: chains spread over that many concurrent channels); nchannels =
+    channels * instances must stay within 32. check: first verify the algorithm with `check_algorithm`.
+    """
+    _check_lower_args(alg, instances, channels, proto, min_bytes, max_bytes, check)
 
     def build(timed: bool, phase_of: Callable[[int], int] | None) -> _Plan:
         precopy: frozenset = frozenset()

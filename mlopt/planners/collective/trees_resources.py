@@ -1,14 +1,11 @@
 """Capacitated resources of a topology, as the tree-packing LP of `trees.py` sees them.
 
-A *resource* is anything with a bandwidth that several transfers share (all in GB/s, 10^9 bytes/s):
-
-| resource                  | capacity                        | used once by every transfer over arc a->b that |
-|---------------------------|---------------------------------|-------------------------------------------------|
-| ("link", a, b)            | link.bandwidth_GBps             | is that link                                    |
-| ("port-out", switch, r)   | 1000 / switch.port_beta_us_per_MB | crosses `switch` and leaves rank r (= a)      |
-| ("port-in", switch, r)    | 1000 / switch.port_beta_us_per_MB | crosses `switch` and enters rank r (= b)      |
-| ("nic-out", nic)          | 1000 / nic.beta_us_per_MB       | has `src_nic == nic`                            |
-| ("nic-in", nic)           | 1000 / nic.beta_us_per_MB       | has `dst_nic == nic`                            |
+A *resource* is anything with a bandwidth that several transfers share: the links, switch ports and NICs of
+`mlopt.sim.resources` (the simulator's resources, with the same keys), here with capacities in GB/s
+(10^9 bytes/s, `Resource.capacity_GBps`). A transfer over arc a->b uses once each resource of
+`TopologyResources.hop` for that link: the link ("link", a, b), for a switched link the sender's port
+("tx", switch, a) and the receiver's ("rx", switch, b), for a link through NICs ("nic_tx", src_nic) and
+("nic_rx", dst_nic).
 
 This is the paper's section 3 (Wang, Li, Liberty, Smola, SysML'18): a switch is a star vertex that cannot
 aggregate; its star edges are the per-port, per-direction capacities above, and a rank-to-rank hop through
@@ -22,7 +19,9 @@ The LP's columns are sums of *atoms*: undirected rank pairs {a, b} (allreduce: t
 pair in one direction and the broadcast in the other, so an atom uses arc a->b and arc b->a once each) or
 directed arcs a->b (one-way trees: reduce, broadcast, allgather). `dominated` drops resources whose
 constraint another resource implies for every column, which leaves the LP optimum unchanged and makes the
-generalised Lemma 2.1 bound of `trees.py` tight where it can be (see there).
+generalised Lemma 2.1 bound of `trees.py` tight where it can be (see there). It is the simulator's pruning
+rule (`mlopt.sim.resources.never_binds`: a resource whose traffic another carries at no larger capacity)
+stated on the LP's columns, where an undirected atom uses two links, so use counts are compared per atom.
 """
 
 from __future__ import annotations
@@ -33,8 +32,7 @@ import numpy as np
 
 from mlopt.errors import InputError
 from mlopt.formats.topology import Topology
-
-ResourceKey = tuple
+from mlopt.sim.resources import ResourceKey, TopologyResources
 
 
 @dataclass(frozen=True)
@@ -63,40 +61,27 @@ class ResourceModel:
 
 
 def resource_model(topology: Topology, ranks: tuple[int, ...] | None = None) -> ResourceModel:
-    """Resources of `topology` restricted to the links among `ranks` (all ranks when None)."""
+    """Resources of `topology` restricted to the links among `ranks` (all ranks when None), numbered in
+    order of first use over the links sorted by (src, dst)."""
     all_ranks = tuple(range(topology.num_ranks))
     ranks = all_ranks if ranks is None else tuple(sorted(set(ranks)))
     bad = [r for r in ranks if r not in all_ranks]
     if bad or len(ranks) < 1:
         raise InputError(topology.name, "ranks", f"unknown rank {bad[0]}" if bad else "no ranks given")
     inside = set(ranks)
-    switches = {s.name: s for s in topology.switches}
-    nics = {x.name: x for x in topology.nics}
+    shared = TopologyResources(topology)
     index: dict[ResourceKey, int] = {}
     caps: list[float] = []
-
-    def res(key: ResourceKey, cap: float) -> int:
-        if key not in index:
-            index[key] = len(caps)
-            caps.append(cap)
-        return index[key]
-
     arcs: dict[tuple[int, int], tuple[int, ...]] = {}
     for link in sorted(topology.links, key=lambda l: (l.src, l.dst)):
         if link.src not in inside or link.dst not in inside:
             continue
-        used = [res(("link", link.src, link.dst), link.bandwidth_GBps)]
-        if link.switch is not None:
-            sw = switches[link.switch]
-            port = 1000.0 / sw.port_beta_us_per_MB
-            used.append(res(("port-out", sw.name, link.src), port))
-            used.append(res(("port-in", sw.name, link.dst), port))
-        if link.src_nic is not None:
-            nic = nics[link.src_nic]
-            used.append(res(("nic-out", nic.name), 1000.0 / nic.beta_us_per_MB))
-        if link.dst_nic is not None:
-            nic = nics[link.dst_nic]
-            used.append(res(("nic-in", nic.name), 1000.0 / nic.beta_us_per_MB))
+        used = []
+        for res in shared.hop(link):
+            if res.key not in index:
+                index[res.key] = len(caps)
+                caps.append(res.capacity_GBps)
+            used.append(index[res.key])
         arcs[(link.src, link.dst)] = tuple(used)
     keys = tuple(sorted(index, key=index.get))
     return ResourceModel(ranks, keys, np.asarray(caps, dtype=float), arcs)

@@ -37,11 +37,10 @@ DEFAULT_BYTES_PER_US and a warning; the problem's cost_source says which times w
 
 from __future__ import annotations
 
-from mlopt.errors import InputError
-
 from dataclasses import dataclass, replace
 from typing import Any
 
+from mlopt.errors import InputError
 from mlopt.formats.trace import ModelTrace, Op, Tensor
 from mlopt.planners.memory import catalog
 from mlopt.planners.memory.problem import BackwardImpl, ForwardImpl, MemoryProblem, Node
@@ -345,7 +344,6 @@ def build_problem(trace: ModelTrace, profile: dict | None = None, source: str = 
     intermediates = {d.index for d in drafts if d.intermediate_of is not None}
     with_sides = {d.intermediate_of for d in drafts if d.role == "side"}
 
-    warnings: list[str] = []
     unknown: dict[str, int] = {}
     dominated = 0
     nodes: list[Node] = []
@@ -353,24 +351,8 @@ def build_problem(trace: ModelTrace, profile: dict | None = None, source: str = 
         if d.role == "main":
             if not catalog.is_known(d.name):
                 unknown[d.name] = unknown.get(d.name, 0) + 1
-            folded = d.time_us - times[d.op.id][0]
-            side_bytes = d.workspace_bytes - d.op.implementations[0].workspace_bytes
-            traced = tuple(ForwardImpl(impl.name, times[d.op.id][n_impl] + folded, impl.workspace_bytes + side_bytes,
-                                       d.inplace_input is not None)
-                           for n_impl, impl in enumerate(d.op.implementations))
-            legal = d.inplace_input is None and _inplace_legal(d, users, finals)
-            forward = catalog.forward_impls(d.name, traced, inplace_legal=legal, out_bytes=d.out_bytes,
-                                            profile=ops_profile.get(d.name),
-                                            has_intermediates=d.index in with_sides, factors=factors)
-            inplace_input = d.inplace_input
-            if inplace_input is None and any(f.inplace for f in forward):
-                inplace_input = d.inputs[0]
-            backward: tuple[BackwardImpl, ...] = ()
-            if d.index in stages:
-                traced_b = _traced_backward(d.index, stages[d.index], times, d.inputs, intermediates)
-                backward = catalog.backward_impls(d.name, traced_b, node=d.index, mask=fwd.mask_of.get(d.index),
-                                                  out_bytes=d.out_bytes, profile=ops_profile.get(d.name),
-                                                  input_node=d.inputs[0] if d.inputs else None, factors=factors)
+            forward, backward, inplace_input = _main_impls(d, times, users, finals, ops_profile, with_sides,
+                                                           factors, stages, intermediates, fwd.mask_of)
         else:
             forward = (catalog.mask_impl(times[d.op.id][0], factors) if d.role == "mask"
                        else ForwardImpl("default", 0.0),)
@@ -384,24 +366,21 @@ def build_problem(trace: ModelTrace, profile: dict | None = None, source: str = 
                           intermediate_of=d.intermediate_of, y_bytes=y_bytes[d.index],
                           grad_live_bytes=grad_live[d.index]))
 
-    if unknown:
-        listed = ", ".join(f"{name} ({count})" for name, count in sorted(unknown.items()))
-        warnings.append(f"op types not in the implementation catalog, traced behaviour only: {listed}")
-    if defaulted:
-        warnings.append(f"{defaulted} forward/backward ops have no measured compute_us; used the default "
-                        f"{DEFAULT_US_OVERHEAD} us + bytes touched / {DEFAULT_BYTES_PER_US:.0f} bytes per us")
-    if early_grads:
-        warnings.append(f"{early_grads} gradient tensors are read before the stage order writes them; "
-                        f"counted live for the whole backward pass")
-    orphans = [op.id for op in backward_ops if op.id not in stage_of]
-    if orphans:
-        warnings.append(f"{len(orphans)} backward ops could not be given a stage (no paired backward op) "
-                        f"and are not modelled")
-    for op in trace.ops:
-        if op.role == "comm":
-            warnings.append("communication ops are not modelled by the memory planner")
-            break
+    warnings = _problem_warnings(trace, unknown, defaulted, early_grads, backward_ops, stage_of)
+    cost_source, metadata = _cost_source_and_metadata(trace, profile, profile_source, source, defaulted, fwd,
+                                                      nodes, intermediates, unpaired, dominated, unknown, factors)
+    return MemoryProblem(name=trace.name, nodes=tuple(nodes), constant_bytes=_constant_bytes(trace),
+                         final_outputs=finals, warnings=tuple(warnings), cost_source=cost_source,
+                         metadata=metadata)
 
+
+def _cost_source_and_metadata(trace: ModelTrace, profile, profile_source, source: str, defaulted: int, fwd,
+                              nodes: list[Node], intermediates, unpaired: int, dominated: int,
+                              unknown: dict[str, int], factors) -> tuple[str, dict[str, Any]]:
+    """Where the problem's costs come from (trace, defaults, profile, catalog factors) and its metadata
+    (node counts, reductions, totals)."""
+    drafts = fwd.drafts
+    n = len(drafts)
     measured = sum(1 for op in trace.ops if op.role in ("forward", "backward"))
     cost_source = "defaults" if measured and defaulted == measured else "trace+defaults" if defaulted else "trace"
     if profile is not None:
@@ -431,6 +410,53 @@ def build_problem(trace: ModelTrace, profile: dict | None = None, source: str = 
         metadata["measured_catalog_factors"] = {name: getattr(factors, name) for name in sorted(factors.measured)}
     elif factors.constants != "generic":
         cost_source += f"+{factors.constants} catalog constants"
-    return MemoryProblem(name=trace.name, nodes=tuple(nodes), constant_bytes=_constant_bytes(trace),
-                         final_outputs=finals, warnings=tuple(warnings), cost_source=cost_source,
-                         metadata=metadata)
+    return cost_source, metadata
+
+
+def _main_impls(d, times, users, finals, ops_profile, with_sides, factors, stages, intermediates, mask_of):
+    """(forward implementations, backward implementations, in-place input) of a main node: the traced ones
+    (with folded time and side-output workspace) extended by the implementation catalog."""
+    folded = d.time_us - times[d.op.id][0]
+    side_bytes = d.workspace_bytes - d.op.implementations[0].workspace_bytes
+    traced = tuple(ForwardImpl(impl.name, times[d.op.id][n_impl] + folded, impl.workspace_bytes + side_bytes,
+                               d.inplace_input is not None)
+                   for n_impl, impl in enumerate(d.op.implementations))
+    legal = d.inplace_input is None and _inplace_legal(d, users, finals)
+    forward = catalog.forward_impls(d.name, traced, inplace_legal=legal, out_bytes=d.out_bytes,
+                                    profile=ops_profile.get(d.name),
+                                    has_intermediates=d.index in with_sides, factors=factors)
+    inplace_input = d.inplace_input
+    if inplace_input is None and any(f.inplace for f in forward):
+        inplace_input = d.inputs[0]
+    backward: tuple[BackwardImpl, ...] = ()
+    if d.index in stages:
+        traced_b = _traced_backward(d.index, stages[d.index], times, d.inputs, intermediates)
+        backward = catalog.backward_impls(d.name, traced_b, node=d.index, mask=mask_of.get(d.index),
+                                          out_bytes=d.out_bytes, profile=ops_profile.get(d.name),
+                                          input_node=d.inputs[0] if d.inputs else None, factors=factors)
+    return forward, backward, inplace_input
+
+
+def _problem_warnings(trace: ModelTrace, unknown: dict[str, int], defaulted: int, early_grads: int, backward_ops,
+                      stage_of) -> list[str]:
+    """What the problem leaves out or guesses: unknown op types, default costs, early gradients, backward ops
+    without a stage, communication."""
+    warnings: list[str] = []
+    if unknown:
+        listed = ", ".join(f"{name} ({count})" for name, count in sorted(unknown.items()))
+        warnings.append(f"op types not in the implementation catalog, traced behaviour only: {listed}")
+    if defaulted:
+        warnings.append(f"{defaulted} forward/backward ops have no measured compute_us; used the default "
+                        f"{DEFAULT_US_OVERHEAD} us + bytes touched / {DEFAULT_BYTES_PER_US:.0f} bytes per us")
+    if early_grads:
+        warnings.append(f"{early_grads} gradient tensors are read before the stage order writes them; "
+                        f"counted live for the whole backward pass")
+    orphans = [op.id for op in backward_ops if op.id not in stage_of]
+    if orphans:
+        warnings.append(f"{len(orphans)} backward ops could not be given a stage (no paired backward op) "
+                        f"and are not modelled")
+    for op in trace.ops:
+        if op.role == "comm":
+            warnings.append("communication ops are not modelled by the memory planner")
+            break
+    return warnings

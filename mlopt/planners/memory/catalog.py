@@ -18,7 +18,7 @@ alternatives PyTorch on CPU really has, with the measured time as their estimate
   is rebuilt from the output, x = mean + (y - beta) / (gamma * invstd), one elementwise pass into a
   buffer of |x| bytes (the workspace), then the same backward runs. D = {the output, mean, invstd}.
   Its time is the traced backward's x (1 + CatalogFactors.bn_rebuild). Our runtime serves autograd the
-  rebuilt input (mlopt.runtime.torch_memory_engine); gamma = 0 channels cannot be rebuilt, which
+  rebuilt input (mlopt.pytorch.memory_engine); gamma = 0 channels cannot be rebuilt, which
   the runtime detects and reports.
   Recomputation also has "reuse-stats" (MONeT 4.4: "we also reuse BatchNorm statistics in case of their
   recomputation"): y = x * (gamma * invstd) + (beta - mean * gamma * invstd) from the saved mean/invstd,

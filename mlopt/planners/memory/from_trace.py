@@ -10,7 +10,7 @@ from mlopt.errors import InfeasibleError
 from mlopt.formats.io import write_json
 from mlopt.formats.topology import Topology
 from mlopt.formats.trace import ModelTrace
-from mlopt.planners import WrittenPlan
+from mlopt.planners.protocol import WrittenPlan
 from mlopt.planners.memory.planner import DEFAULT_BUDGET_RATIO, MemoryOptions, least_feasible_bytes, plan_memory
 from mlopt.planners.options import PlannerOptions
 

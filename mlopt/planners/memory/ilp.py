@@ -226,21 +226,12 @@ class _Builder:
     # -- problem analysis ---------------------------------------------------------------------------
 
     def _prepare(self) -> None:
+        """Problem analysis: sizes, users, implementation sets, active stages, pinned values, windows and
+        recomputation candidates, need/touch sets (reductions a-e)."""
         p = self.p
         n = p.n
         nodes = p.nodes
-        for pos, node in enumerate(nodes):
-            if node.index != pos:
-                raise ValueError(f"node at position {pos} has index {node.index}")
-            if any(not 0 <= j < pos for j in node.inputs):
-                raise ValueError(f"node {pos}: inputs must be earlier nodes, got {node.inputs}")
-            if not node.forward:
-                raise ValueError(f"node {pos} has no forward implementation")
-            for b in node.backward:
-                if any(not 0 <= j < n for j in b.deps):
-                    raise ValueError(f"node {pos}: backward {b.name} depends on a node outside [0, {n})")
-            if node.intermediate_of is not None and not 0 <= node.intermediate_of < n:
-                raise ValueError(f"node {pos}: intermediate_of {node.intermediate_of} outside [0, {n})")
+        self._check_nodes()
         self.n = n
         self.size = [int(node.out_bytes) for node in nodes]
         self.users = p.forward_users()
@@ -283,6 +274,31 @@ class _Builder:
             hi[k] = running
         self.full_window = max(hi.values(), default=-1) + 1  # a window this wide restricts nothing
         self.window = self._choose_window(hi)
+        self.hi = hi
+        self._recompute_candidates(hi)
+        self.red["stages_merged_no_dependencies"] = n - n_active
+        self._need_and_touch()
+
+    def _check_nodes(self) -> None:
+        """ValueError unless nodes are numbered in order, read earlier nodes and have a forward."""
+        n = self.p.n
+        for pos, node in enumerate(self.p.nodes):
+            if node.index != pos:
+                raise ValueError(f"node at position {pos} has index {node.index}")
+            if any(not 0 <= j < pos for j in node.inputs):
+                raise ValueError(f"node {pos}: inputs must be earlier nodes, got {node.inputs}")
+            if not node.forward:
+                raise ValueError(f"node {pos} has no forward implementation")
+            for b in node.backward:
+                if any(not 0 <= j < n for j in b.deps):
+                    raise ValueError(f"node {pos}: backward {b.name} depends on a node outside [0, {n})")
+            if node.intermediate_of is not None and not 0 <= node.intermediate_of < n:
+                raise ValueError(f"node {pos}: intermediate_of {node.intermediate_of} outside [0, {n})")
+
+    def _recompute_candidates(self, hi: dict[int, int]) -> None:
+        """Per active stage k: the window's lowest node lo[k] and the useful recomputation candidates
+        cand[k] (needed at a stage <= k, or read by a useful candidate; reductions b, d)."""
+        nodes = self.p.nodes
         needed_from: dict[int, set[int]] = {}
         acc: set[int] = set()
         for k in sorted(self.active):
@@ -291,7 +307,6 @@ class _Builder:
             needed_from[k] = set(acc)
         self.cand: dict[int, list[int]] = {}
         self.lo: dict[int, int] = {}
-        self.hi = hi
         for k in self.active:
             lo = max(0, hi[k] - self.window + 1)
             self.lo[k] = lo
@@ -308,9 +323,11 @@ class _Builder:
                     useful.discard(m)
             self.cand[k] = sorted(useful)
             self.red["recompute_vars_not_created_window"] += max(0, hi[k] + 1 - len(self.cand[k]))
-        self.red["stages_merged_no_dependencies"] = n - n_active
-        # need(j): active stages where x_j must be live (a dependency, or an input of a candidate);
-        # touch(j): need(j) plus the stages where j is itself a candidate.
+
+    def _need_and_touch(self) -> None:
+        """need(j): active stages where x_j must be live (a dependency, or an input of a candidate);
+        touch(j): need(j) plus the stages where j is itself a candidate; min_need(j) the first."""
+        n, nodes = self.n, self.p.nodes
         self.need: list[set[int]] = [set() for _ in range(n)]
         self.touch: list[set[int]] = [set() for _ in range(n)]
         for k in self.active:
@@ -370,13 +387,17 @@ class _Builder:
     # -- the model ----------------------------------------------------------------------------------
 
     def build(self) -> None:
-        p, n, nodes = self.p, self.n, self.p.nodes
-        M = self.M
-        const = p.constant_bytes
+        """The whole model: forward pass (store and implementation choices, 4.1 rows), then the backward
+        stages in execution order. Columns and rows are numbered as they are created: keep this order."""
+        self._forward_store_bits()
+        self._forward_impl_bits()
+        self._add_eq4_1_forward_peaks()
+        self._backward_stages()
 
-        # s_j^N (forward store): a column only when x_j is needed by some backward stage.
-        self.sN = [ZERO] * n
-        for j in range(n):
+    def _forward_store_bits(self) -> None:
+        """s_j^N (forward store): a column only when x_j is needed by some backward stage."""
+        self.sN = [ZERO] * self.n
+        for j in range(self.n):
             if j in self.finals:
                 self.sN[j] = ONE
             elif j in self.pinned:
@@ -386,7 +407,10 @@ class _Builder:
             else:
                 self.red["store_fixed_unneeded"] += 1
 
-        # delta_{i,l}: forward implementation. Nodes nobody reads are computed only when stored.
+    def _forward_impl_bits(self) -> None:
+        """delta_{i,l}: forward implementation (4.1-impl), its compute in the objective (4.9) and the forward
+        in-place rows (4.10-fwd). Nodes nobody reads are computed only when stored."""
+        nodes = self.p.nodes
         self.dfwd: list[dict[int, int]] = []
         for i, node in enumerate(nodes):
             self.ctx = f"i={i}"
@@ -418,8 +442,9 @@ class _Builder:
                     j = node.inplace_input
                     self._le(_Lin().bit(bit).bit(self.sN[j]), 1.0, "4.10-fwd")
 
-        # (4.1) forward peak of node i: const + |L_i| + stored earlier values + |x_i| (0 in place) + c_i.
-        for i, node in enumerate(nodes):
+    def _add_eq4_1_forward_peaks(self) -> None:
+        """(4.1) forward peak of node i: const + |L_i| + stored earlier values + |x_i| (0 in place) + c_i."""
+        for i, node in enumerate(self.p.nodes):
             self.ctx = f"i={i}"
             run = self.sN[i] if self.dead[i] else ONE
             if run == ZERO:
@@ -435,9 +460,11 @@ class _Builder:
             for l, bit in self.dfwd[i].items():
                 impl = node.forward[l]
                 e.bit(bit, impl.workspace_bytes + self._out_extra(i, impl))
-            self._le(e, M - const, "4.1", memory=True)  # (4.1) m_i <= M (4.16)
+            self._le(e, self.M - self.p.constant_bytes, "4.1", memory=True)  # (4.1) m_i <= M (4.16)
 
-        # Backward stages in execution order. cur[j]: membership of x_j in the set entering the next stage.
+    def _backward_stages(self) -> None:
+        """Backward stages in execution order: active ones (_active_stage) and merged runs between them.
+        cur[j]: membership of x_j in the set entering the next stage."""
         cur = list(self.sN)
         self.r: dict[int, dict[int, int]] = {}
         self.drec: dict[int, dict[int, dict[int, int]]] = {}
@@ -447,49 +474,54 @@ class _Builder:
         active = set(self.active)
         # Non-active stages with a backward: rows grouped per run of stages between active ones.
         pending: dict[tuple, tuple[float, str]] = {}
-
-        def flush_pending(members: list[int]) -> None:
-            for key, (constant, eq) in pending.items():
-                e = _Lin()
-                for j in range(n):
-                    e.bit(members[j], self.size[j])
-                for bit, ws in key:
-                    e.bit(bit, ws)
-                self._le(e, M - constant, eq, memory=True)  # (4.12) at a merged stage: D_k empty
-            pending.clear()
-
-        for k in range(n - 1, -1, -1):
+        for k in range(self.n - 1, -1, -1):
             self.ctx = f"k={k}"
-            node = nodes[k]
             if k not in active:
-                # Merged stage: S^{k-1} = S^k, no recomputation; one memory row per implementation choice.
-                self.enter[k] = cur
-                # Values no later stage needs are dropped right away (4.7 with r = 0; reduction d).
-                dropped = [j for j in range(n) if cur[j] != ZERO and self.min_need[j] >= k]
-                if dropped:
-                    flush_pending(cur)
-                    cur = list(cur)
-                    for j in dropped:
-                        cur[j] = ZERO
-                self.keep[k] = cur
-                if not self.bimpl[k]:
-                    continue
-                dh = self._dhat_bits(k)
-                for l, bit in dh.items():
-                    self.obj.bit(bit, node.backward[l].compute_us)
-                constant = const + node.grad_live_bytes + node.y_bytes
-                key = tuple(sorted((bit, node.backward[l].workspace_bytes) for l, bit in dh.items() if bit != ONE))
-                base = max((node.backward[l].workspace_bytes for l, bit in dh.items() if bit == ONE), default=0)
-                constant += base
-                if key in pending:
-                    self.red["merged_stage_rows_dominated"] += 1
-                    if constant <= pending[key][0]:
-                        continue
-                pending[key] = (constant, "4.12")
+                cur = self._merged_stage(k, cur, pending)
                 continue
-            flush_pending(cur)
+            self._flush_pending(pending, cur)
             cur = self._active_stage(k, cur)
-        flush_pending(cur)
+        self._flush_pending(pending, cur)
+
+    def _merged_stage(self, k: int, cur: list[int], pending: dict[tuple, tuple[float, str]]) -> list[int]:
+        """Merged stage k: S^{k-1} = S^k, no recomputation; its (4.12) row per implementation choice is queued
+        in pending (equal rows: only the tightest is kept). Returns the set entering the next stage."""
+        node = self.p.nodes[k]
+        self.enter[k] = cur
+        # Values no later stage needs are dropped right away (4.7 with r = 0; reduction d).
+        dropped = [j for j in range(self.n) if cur[j] != ZERO and self.min_need[j] >= k]
+        if dropped:
+            self._flush_pending(pending, cur)
+            cur = list(cur)
+            for j in dropped:
+                cur[j] = ZERO
+        self.keep[k] = cur
+        if not self.bimpl[k]:
+            return cur
+        dh = self._dhat_bits(k)
+        for l, bit in dh.items():
+            self.obj.bit(bit, node.backward[l].compute_us)
+        constant = self.p.constant_bytes + node.grad_live_bytes + node.y_bytes
+        key = tuple(sorted((bit, node.backward[l].workspace_bytes) for l, bit in dh.items() if bit != ONE))
+        base = max((node.backward[l].workspace_bytes for l, bit in dh.items() if bit == ONE), default=0)
+        constant += base
+        if key in pending:
+            self.red["merged_stage_rows_dominated"] += 1
+            if constant <= pending[key][0]:
+                return cur
+        pending[key] = (constant, "4.12")
+        return cur
+
+    def _flush_pending(self, pending: dict[tuple, tuple[float, str]], members: list[int]) -> None:
+        """(4.12) rows of the queued merged stages (D_k empty), over the set `members` live through them."""
+        for key, (constant, eq) in pending.items():
+            e = _Lin()
+            for j in range(self.n):
+                e.bit(members[j], self.size[j])
+            for bit, ws in key:
+                e.bit(bit, ws)
+            self._le(e, self.M - constant, eq, memory=True)  # (4.12) at a merged stage: D_k empty
+        pending.clear()
 
     def _dhat_bits(self, k: int) -> dict[int, int]:
         if k in self.dhat:
@@ -511,21 +543,36 @@ class _Builder:
         return e
 
     def _active_stage(self, k: int, E: list[int]) -> list[int]:
+        """Columns and rows of active stage k entered with membership bits E; returns S^{k-1}'s bits."""
         self.ctx = f"k={k}"
-        p, n, nodes, M = self.p, self.n, self.p.nodes, self.M
-        node = nodes[k]
-        G = node.grad_live_bytes
-        const = p.constant_bytes
-        cand = self.cand[k]
-        lo = self.lo[k]
+        node = self.p.nodes[k]
         self.enter[k] = E
-
         dh = self._dhat_bits(k)
         for l, bit in dh.items():
             self.obj.bit(bit, node.backward[l].compute_us)
+        # Blocks in a fixed order: columns and rows are numbered as they are created.
+        r = self._recompute_bits(k, E)
+        self.r[k] = r
+        self._add_eq4_7_recompute_inputs(E, r)
+        drec = self._recompute_impl_bits(k, E, r)
+        self.drec[k] = drec
+        K = self._keep_bits(k, E, r)
+        self.keep[k] = K
+        self._add_eq4_8_backward_deps(k, E, r, dh)
+        dep_impls = self._dep_impls(k, dh)
+        self._add_eq4_10_eq4_11_inplace_recompute(E, r, K, dh, drec, dep_impls)
+        B = self._live_at_backward(k, K, dh, dep_impls)
+        self._add_eq4_12_backward_peak(k, dh, B)
+        if not r:
+            return K
+        self._add_eq4_13_eq4_14_recompute_peaks(k, E, r, drec, B)
+        return K
 
-        # r_i^k for useful candidates; fixed 0 where x_i is live on entry anyway, where an input can never
-        # be live, or (intermediates) where the creator is not recomputable (reduction d).
+    def _recompute_bits(self, k: int, E: list[int]) -> dict[int, int]:
+        """r_i^k for useful candidates, with the (4.7-live) rows; fixed 0 where x_i is live on entry anyway,
+        where an input can never be live, or (intermediates) where the creator is not recomputable
+        (reduction d)."""
+        nodes, cand = self.p.nodes, self.cand[k]
         # A live value is recomputed only to bring its intermediates (the replay frees the old copy on
         # entry); for any other node that is never better than dropping it at the last stage touching it.
         avail = {i for i in cand if E[i] != ONE or self._intermediates_of(i)}
@@ -546,19 +593,25 @@ class _Builder:
             if E[i] != ZERO and not self._intermediates_of(i):
                 self._le(_Lin().bit(r[i]).bit(E[i]), 1.0, "4.7-live")  # no recomputation of a live value
                 self.red["recompute_excluded_when_live_on_entry"] += 1
-        # (4.7) recomputation needs its inputs stored or recomputed; intermediates only with their creator.
-        rb = lambda i: r.get(i, ZERO)  # noqa: E731
-        self.r[k] = r
+        return r
+
+    def _add_eq4_7_recompute_inputs(self, E: list[int], r: dict[int, int]) -> None:
+        """(4.7) recomputation needs its inputs stored or recomputed; intermediates only with their creator."""
+        nodes = self.p.nodes
         for i in r:
             for j in nodes[i].inputs:
                 if E[j] == ONE:
                     continue
-                self._le(_Lin().bit(r[i]).bit(E[j], -1.0).bit(rb(j), -1.0), 0.0, "4.7")  # (4.7) r_i <= s_j + r_j
+                # (4.7) r_i <= s_j + r_j
+                self._le(_Lin().bit(r[i]).bit(E[j], -1.0).bit(r.get(j, ZERO), -1.0), 0.0, "4.7")
             c = nodes[i].intermediate_of
             if c is not None:
                 self._le(_Lin().bit(r[i]).bit(r[c], -1.0), 0.0, "4.7-intermediate")  # (4.7) r_m <= r_creator
 
-        # delta^k_{i,l}: sum_l = r_i^k; q_i^k = sum of in-place ones.
+    def _recompute_impl_bits(self, k: int, E: list[int], r: dict[int, int]) -> dict[int, dict[int, int]]:
+        """delta^k_{i,l} with sum_l = r_i^k (4.9-impl), their compute in the objective (4.9), and the
+        (4.7-reuse) rows of recomputations that reuse stored intermediates."""
+        nodes = self.p.nodes
         drec: dict[int, dict[int, int]] = {}
         for i in r:
             ls = self.fimpl[i]
@@ -583,11 +636,12 @@ class _Builder:
                     # ... and is not produced again: r_m^k <= r_i^k - delta^k_{i,reuse}
                     if m in r:
                         self._le(_Lin().bit(r[m]).bit(bit).bit(r[i], -1.0), 0.0, "4.7-reuse")
-        self.drec[k] = drec
+        return drec
 
-        # s_j^{k-1}: kept after the stage (reductions b, d).
-        K = [ZERO] * n
-        for j in range(n):
+    def _keep_bits(self, k: int, E: list[int], r: dict[int, int]) -> list[int]:
+        """s_j^{k-1}: kept after the stage (reductions b, d), with the (4.7-keep) rows."""
+        K = [ZERO] * self.n
+        for j in range(self.n):
             if j in self.pinned:
                 K[j] = ONE if self.min_need[j] < k else ZERO
                 continue
@@ -603,22 +657,31 @@ class _Builder:
                 continue
             K[j] = self._binary(("K", k, j))
             # (4.7) only stored or recomputed values can be kept: s_j^{k-1} <= s_j^k + r_j^k
-            self._le(_Lin().bit(K[j]).bit(E[j], -1.0).bit(rb(j), -1.0), 0.0, "4.7-keep")
-        self.keep[k] = K
+            self._le(_Lin().bit(K[j]).bit(E[j], -1.0).bit(r.get(j, ZERO), -1.0), 0.0, "4.7-keep")
+        return K
 
-        # (4.8) the chosen backward implementation's dependencies are stored or recomputed.
+    def _add_eq4_8_backward_deps(self, k: int, E: list[int], r: dict[int, int], dh: dict[int, int]) -> None:
+        """(4.8) the chosen backward implementation's dependencies are stored or recomputed."""
         for l, bit in dh.items():
             for j in self.deps[k][l]:
                 if E[j] == ONE:
                     continue
-                self._le(_Lin().bit(bit).bit(E[j], -1.0).bit(rb(j), -1.0), 0.0, "4.8")  # (4.8)
+                self._le(_Lin().bit(bit).bit(E[j], -1.0).bit(r.get(j, ZERO), -1.0), 0.0, "4.8")  # (4.8)
 
-        # (4.10)/(4.11) in-place recomputation q_t^k overwrites x_j: x_j is then not kept, not read by a
-        # later recomputation and not a dependency of backward_k; q_t^k <= r_t^k holds by construction.
+    def _dep_impls(self, k: int, dh: dict[int, int]) -> dict[int, list[int]]:
+        """x_j -> the backward implementations of stage k that read it (D_k^l)."""
         dep_impls: dict[int, list[int]] = defaultdict(list)
         for l in dh:
             for j in self.deps[k][l]:
                 dep_impls[j].append(l)
+        return dep_impls
+
+    def _add_eq4_10_eq4_11_inplace_recompute(self, E: list[int], r: dict[int, int], K: list[int],
+                                             dh: dict[int, int], drec: dict[int, dict[int, int]],
+                                             dep_impls: dict[int, list[int]]) -> None:
+        """(4.10)/(4.11) in-place recomputation q_t^k overwrites x_j: x_j is then not kept, not read by a
+        later recomputation and not a dependency of backward_k; q_t^k <= r_t^k holds by construction."""
+        nodes = self.p.nodes
         for t, bits in drec.items():
             q = _Lin()
             for l, bit in bits.items():
@@ -628,7 +691,7 @@ class _Builder:
                 continue
             j = nodes[t].inplace_input
             if j not in nodes[t].inputs:  # the overwritten value must be live (4.11 with p_j^k)
-                self._le(q.copy().bit(E[j], -1.0).bit(rb(j), -1.0), 0.0, "4.11")  # (4.11) q <= p_j
+                self._le(q.copy().bit(E[j], -1.0).bit(r.get(j, ZERO), -1.0), 0.0, "4.11")  # (4.11) q <= p_j
             self._le(q.copy().bit(K[j]), 1.0, "4.10")  # (4.10) s_j^{k-1} <= 1 - q_t^k
             for u in self.users[j]:
                 if u > t and u in r:
@@ -636,10 +699,13 @@ class _Builder:
             for l in dep_impls.get(j, []):
                 self._le(q.copy().bit(dh[l]), 1.0, "4.10")  # (4.10)+(4.8): x_j gone, D_k^l cannot run
 
-        # B_j^k: x_j live at backward_k = in S^{k-1} or in the chosen D_k^l (4.12, sigma = delta_hat * s).
+    def _live_at_backward(self, k: int, K: list[int], dh: dict[int, int],
+                          dep_impls: dict[int, list[int]]) -> dict[int, _Lin]:
+        """B_j^k: x_j live at backward_k = in S^{k-1} or in the chosen D_k^l (4.12, sigma = delta_hat * s,
+        linearised by 4.3.4)."""
         n_impl = len(dh)
         B: dict[int, _Lin] = {}
-        for j in range(n):
+        for j in range(self.n):
             ls = dep_impls.get(j, [])
             e = _Lin()
             if len(ls) == n_impl:
@@ -661,78 +727,33 @@ class _Builder:
                     sigma = self._aux(("sigma", k, l, j), [_Lin(-1.0).bit(dh[l]).bit(K[j])], "4.3.4")
                     e.bit(sigma)
             B[j] = e
+        return B
 
-        # (4.12) backward_k peak: const + |L_hat_k| + |y_k| + c_hat + |S^{k-1} u D_k^l|.
+    def _add_eq4_12_backward_peak(self, k: int, dh: dict[int, int], B: dict[int, _Lin]) -> None:
+        """(4.12) backward_k peak: const + |L_hat_k| + |y_k| + c_hat + |S^{k-1} u D_k^l| <= M (4.16)."""
+        node = self.p.nodes[k]
         e = _Lin()
         for l, bit in dh.items():
             e.bit(bit, node.backward[l].workspace_bytes)
-        for j in range(n):
+        for j in range(self.n):
             e.lin(B[j], self.size[j])
-        self._le(e, M - const - G - node.y_bytes, "4.12", memory=True)  # (4.12) m_hat_k <= M (4.16)
+        self._le(e, self.M - self.p.constant_bytes - node.grad_live_bytes - node.y_bytes, "4.12", memory=True)
 
-        # live_j: x_j (j < i) live at a recomputation when no later candidate reads it.
-        live_cache: dict[int, _Lin] = {}
+    def _add_eq4_13_eq4_14_recompute_peaks(self, k: int, E: list[int], r: dict[int, int],
+                                           drec: dict[int, dict[int, int]], B: dict[int, _Lin]) -> None:
+        """(4.13)/(4.14) recomputation peak of forward_i before backward_k, with the upper-bounded local
+        set Lbar_i^k (every later candidate assumed recomputed); constants times r_i^k. (4.15) rows are
+        not built (reduction c).
 
-        def live(j: int) -> _Lin:
-            if j not in live_cache:
-                live_cache[j] = _live(j)
-            return live_cache[j]
-
-        def _live(j: int) -> _Lin:
-            if ENTERING_LIVENESS == "greedy":
-                return B[j]
-            if j not in r:  # not recomputable here: B_j <= E_j
-                return _Lin().bit(E[j])
-            if E[j] == ZERO:
-                return B[j]
-            if E[j] == ONE or B[j].const >= 1:
-                return _Lin(1.0)
-            o = self._aux(("o", k, j), [_Lin().bit(E[j]), B[j]], "4.14-max")  # (4.14) o >= s_j^k, o >= B_j
-            return _Lin().bit(o)
-
-        if not r:
-            return K
-        # x_j, j > i, is live at recomputation i only if it entered the stage; with greedy freeing, also only
-        # if a later recomputation reads it or it is kept or needed (E_j and B_j, 4.3.4 product).
-        readers_here: set[int] = set()
-        for u in r:
-            readers_here.update(nodes[u].inputs)
-            if any(nodes[u].forward[l].reuses_intermediates and bit != ZERO for l, bit in drec[u].items()):
-                readers_here.update(self._intermediates_of(u))  # read by a reusing recomputation
-        above_cache: dict[int, _Lin] = {}
-
-        def live_above(j: int) -> _Lin:
-            if j in above_cache:
-                return above_cache[j]
-            if ENTERING_LIVENESS != "greedy" or j in readers_here or B[j].const >= 1:
-                e = _Lin().bit(E[j])
-            elif E[j] == ONE:
-                e = B[j]
-            elif not B[j].terms:
-                e = _Lin()
-            else:
-                w = self._aux(("w", k, j), [_Lin(-1.0).bit(E[j]).lin(B[j])], "4.3.4")  # (4.3.4) w >= s + B - 1
-                e = _Lin().bit(w)
-            above_cache[j] = e
-            return e
-
-        # F^k: live bytes below the window (the same in every recomputation row of the stage).
-        below = _Lin()
-        for j in range(lo):
-            below.lin(live(j), self.size[j])
-        if len(below.terms) > AGGREGATE_MIN_TERMS:
-            F = self._aux(("F", k), [below.copy().lin(below, 1.0 / self.U - 1.0)], "4.14-sum")  # in units U
-            below_expr = _Lin().bit(F, self.U)
-            self.red["memory_rows_aggregated_stage"] += 1
-        else:
-            below_expr = below
-        # (4.13)/(4.14) recomputation peak of forward_i before backward_k, with the upper-bounded local
-        # set Lbar_i^k (every later candidate assumed recomputed); constants times r_i^k. (4.15) rows are
-        # not built (reduction c).
-        # rho_k = max_i r_i^k: the stage recomputes something. The row constants that hold at every point of
-        # the recomputation phase (const, |L_hat_k|, values fixed live) are multiplied by rho_k, the
-        # operator's own ones (|x_i|, c_i, |Lbar_i^k|) by r_i^k / delta^k_{i,l} (as in 4.14), so a row
-        # only binds when its recomputation runs, or relaxes to a state the stage really passes through.
+        rho_k = max_i r_i^k: the stage recomputes something. The row constants that hold at every point of
+        the recomputation phase (const, |L_hat_k|, values fixed live) are multiplied by rho_k, the
+        operator's own ones (|x_i|, c_i, |Lbar_i^k|) by r_i^k / delta^k_{i,l} (as in 4.14), so a row
+        only binds when its recomputation runs, or relaxes to a state the stage really passes through.
+        """
+        nodes, n, lo = self.p.nodes, self.n, self.lo[k]
+        const, G = self.p.constant_bytes, nodes[k].grad_live_bytes
+        live = _StageLiveness(self, k, E, r, drec, B)
+        below_expr = self._below_window(k, lo, live)
         rho = self._aux(("rho", k), [_Lin().bit(r[i]) for i in sorted(r)], "4.14-any")
         enter_nz = [j for j in range(n) if E[j] != ZERO]
         reads_from: set[int] = set()  # inputs of candidates u >= i
@@ -749,17 +770,28 @@ class _Builder:
             lbar_set = set(lbar)
             for j in lbar:
                 if j < lo:  # counted in F^k as live_j: replace it by the constant
-                    e.lin(live(j), -self.size[j])
+                    e.lin(live.below(j), -self.size[j])
             for j in range(lo, i):
                 if j not in lbar_set:
-                    e.lin(live(j), self.size[j])
+                    e.lin(live.below(j), self.size[j])
             for j in enter_nz:
                 if j > i:
-                    e.lin(live_above(j), self.size[j])
+                    e.lin(live.above(j), self.size[j])
             e.bit(rho, e.const + const + G)
             e.const = 0.0
-            self._le(e, M, "4.14", memory=True)  # (4.13)/(4.14) <= M (4.16)
-        return K
+            self._le(e, self.M, "4.14", memory=True)  # (4.13)/(4.14) <= M (4.16)
+
+    def _below_window(self, k: int, lo: int, live: "_StageLiveness") -> _Lin:
+        """F^k: live bytes below the window (the same in every recomputation row of the stage), as one aux
+        column (4.14-sum) when the sum is long."""
+        below = _Lin()
+        for j in range(lo):
+            below.lin(live.below(j), self.size[j])
+        if len(below.terms) > AGGREGATE_MIN_TERMS:
+            F = self._aux(("F", k), [below.copy().lin(below, 1.0 / self.U - 1.0)], "4.14-sum")  # in units U
+            self.red["memory_rows_aggregated_stage"] += 1
+            return _Lin().bit(F, self.U)
+        return below
 
     def objective(self) -> None:
         idx = list(self.obj.terms)
@@ -895,6 +927,64 @@ class _Builder:
             keep = tuple(j for j in range(n) if val(self.keep[k][j]))
             backward.append(BackwardStage(k, impl, tuple(recompute), keep))
         return Schedule(tuple(forward), tuple(backward))
+
+
+class _StageLiveness:
+    """Liveness of values at the recomputations of one active stage k, as expressions over its columns.
+
+    Aux columns (4.14-max o_j^k, 4.3.4 w_j^k) are created on first use and cached, so the rows that ask first
+    fix their column order.
+    """
+
+    def __init__(self, builder: _Builder, k: int, E: list[int], r: dict[int, int],
+                 drec: dict[int, dict[int, int]], B: dict[int, _Lin]):
+        self.b, self.k, self.E, self.r, self.B = builder, k, E, r, B
+        self.below_cache: dict[int, _Lin] = {}
+        self.above_cache: dict[int, _Lin] = {}
+        # x_j, j > i, is live at recomputation i only if it entered the stage; with greedy freeing, also only
+        # if a later recomputation reads it or it is kept or needed (E_j and B_j, 4.3.4 product).
+        nodes = builder.p.nodes
+        self.readers_here: set[int] = set()
+        for u in r:
+            self.readers_here.update(nodes[u].inputs)
+            if any(nodes[u].forward[l].reuses_intermediates and bit != ZERO for l, bit in drec[u].items()):
+                self.readers_here.update(builder._intermediates_of(u))  # read by a reusing recomputation
+
+    def below(self, j: int) -> _Lin:
+        """live_j: x_j (j < i) live at a recomputation when no later candidate reads it."""
+        if j not in self.below_cache:
+            self.below_cache[j] = self._below(j)
+        return self.below_cache[j]
+
+    def _below(self, j: int) -> _Lin:
+        E, B = self.E, self.B
+        if ENTERING_LIVENESS == "greedy":
+            return B[j]
+        if j not in self.r:  # not recomputable here: B_j <= E_j
+            return _Lin().bit(E[j])
+        if E[j] == ZERO:
+            return B[j]
+        if E[j] == ONE or B[j].const >= 1:
+            return _Lin(1.0)
+        o = self.b._aux(("o", self.k, j), [_Lin().bit(E[j]), B[j]], "4.14-max")  # (4.14) o >= s_j^k, o >= B_j
+        return _Lin().bit(o)
+
+    def above(self, j: int) -> _Lin:
+        """x_j (j > i) live at a recomputation: it entered the stage (and, greedy, is still needed)."""
+        if j in self.above_cache:
+            return self.above_cache[j]
+        E, B = self.E, self.B
+        if ENTERING_LIVENESS != "greedy" or j in self.readers_here or B[j].const >= 1:
+            e = _Lin().bit(E[j])
+        elif E[j] == ONE:
+            e = B[j]
+        elif not B[j].terms:
+            e = _Lin()
+        else:
+            w = self.b._aux(("w", self.k, j), [_Lin(-1.0).bit(E[j]).lin(B[j])], "4.3.4")  # (4.3.4) w >= s + B - 1
+            e = _Lin().bit(w)
+        self.above_cache[j] = e
+        return e
 
 
 def schedule_compute_us(problem: MemoryProblem, schedule: Schedule) -> float:

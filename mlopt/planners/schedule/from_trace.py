@@ -9,7 +9,7 @@ from mlopt.formats.io import write_json
 from mlopt.formats.plan import Plan
 from mlopt.formats.topology import Topology
 from mlopt.formats.trace import ModelTrace
-from mlopt.planners import WrittenPlan
+from mlopt.planners.protocol import WrittenPlan
 from mlopt.planners.options import PlannerOptions
 from mlopt.planners.schedule.costs import CostTable, load_cost_table
 from mlopt.planners.schedule.planner import ScheduleOptions, plan_schedule

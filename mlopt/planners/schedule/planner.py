@@ -4,8 +4,9 @@ The workload (a trace, unrolled over two iterations so that cross-iteration move
 `ScheduleProblem` (problem.py: comm-ops with execution options made of motifs, each timed on the topology's
 channels); the chosen system searches it (search.py) and optSched (optsched.py) gives the schedule. The plan
 holds, per comm-op, its execution plan (motifs: name, channels, duration, start, end, sequence number; equal
-numbers for motifs issued together), the predicted iteration time and compute idle %, and every compared
-system's iteration time. Plans are "heuristic" (MCMC proves nothing) but carry a valid lower bound and its
+numbers for motifs issued together; `program`, the id of its MSCCL-EF program), every distinct motif program
+the enforcer will run (`programs`: made and proven by programs.py when planning, checked again by `mlopt
+validate`), the predicted iteration time and compute idle %, and every compared system's iteration time. Plans are "heuristic" (MCMC proves nothing) but carry a valid lower bound and its
 gap: the better of the contention-free relaxation and the channel windows (optsched.lower_bound_us).
 
 Reproducibility: the search stops after `max_steps` proposals (deterministic for a seed) unless the wall-clock
@@ -24,6 +25,7 @@ from mlopt.planners.options import PlannerOptions
 from mlopt.planners.result import heuristic_plan
 from mlopt.planners.schedule import search
 from mlopt.planners.schedule.optsched import ScheduleProblem, contention_free_bound, framework_issue, lower_bound_us
+from mlopt.planners.schedule.programs import carried_programs
 
 ALGORITHMS = ("syndicate", "fifo", "lifo", "hand", "exec-only", "sched-only")
 SYSTEM_NAMES = {"syndicate": "syndicate", "fifo": "fifo", "lifo": "bs+", "hand": "hand", "exec-only": "s-exec",
@@ -140,11 +142,14 @@ def plan_schedule(problem: ScheduleProblem, options: ScheduleOptions, planner_op
     iterations = max(1, options.iterations)
     relaxed = contention_free_bound(problem)
     bound_makespan_us = lower_bound_us(problem)
+    rows = comm_op_rows(problem, chosen)
+    programs = carried_programs(rows)  # proven; names each motif's program in `rows`
     payload = {
         "algorithm": options.algorithm,
         "options": asdict(options),
         "channels": channels,
-        "comm_ops": comm_op_rows(problem, chosen),
+        "comm_ops": rows,
+        "programs": programs,
         "predicted": {"makespan_us": schedule.makespan_us, "iterations": iterations,
                       "iteration_us": schedule.makespan_us / iterations,
                       "last_iteration_us": last_iteration_us(problem, schedule, iterations),

@@ -4,8 +4,12 @@ Alone: every motif ends its duration after it starts, sequence numbers follow st
 issued together), nothing ends after the predicted iteration, and every comm-op's motifs are proven to
 implement its collective (`motifs.implements`: shapes, an acyclic order, no race, the collective's
 postcondition) unless that needs more than MAX_PROOF_ELEMENTS symbolic elements (then it is counted as not
-proven). With the trace and topology: the problem is rebuilt and optSched, given the plan's execution
-options, must reproduce the predicted iteration time.
+proven). A plan that carries its motifs' programs (payload 1.1, `programs`) has each proven from its XML
+(programs.prove: mlopt.sim.symbolic.check_program against the collective it declares) after its sha256 is
+checked, and every motif must name one whose collective, ranks (count), root position and pairs are the
+motif's; a program that fails is refused naming the first motif that runs it. With the trace and topology:
+the problem is rebuilt and optSched, given the plan's execution options, must reproduce the predicted
+iteration time.
 """
 
 from __future__ import annotations
@@ -13,7 +17,10 @@ from __future__ import annotations
 import math
 
 from mlopt.errors import InputError
+from mlopt.formats.io import sha256_bytes
+from mlopt.formats.msccl_xml import parse_program
 from mlopt.formats.plan import PlanFile
+from mlopt.planners.schedule.programs import ProgramKey, entry_key, motif_key, prove
 
 REQUIRED = ("algorithm", "options", "channels", "comm_ops", "predicted", "systems")
 # The symbolic proof runs at the granularity of the gcd of the motifs' byte ranges: plans whose cuts are that
@@ -89,6 +96,66 @@ def _prove_decompositions(payload: dict, source: str) -> tuple[int, int]:
     return proven, unproven
 
 
+def _motif_paths(payload: dict) -> dict[str, str]:
+    """Program id -> the JSON path of the first motif naming it."""
+    first: dict[str, str] = {}
+    for i, op in enumerate(payload["comm_ops"]):
+        for j, m in enumerate(op["motifs"]):
+            if m.get("program") is not None:
+                first.setdefault(m["program"], f"$.payload.comm_ops[{i}].motifs[{j}]")
+    return first
+
+
+def _proven_program_keys(payload: dict, source: str) -> dict[str, ProgramKey]:
+    """Program id -> the key it is proven for; InputError naming the first motif that runs a program whose
+    XML changed, does not parse, is not what its entry declares or fails its proof (the entry itself when no
+    motif names it)."""
+    users = _motif_paths(payload)
+    keys: dict[str, ProgramKey] = {}
+    for k, entry in enumerate(payload["programs"]):
+        pid = entry["id"]
+        where = users.get(pid, f"$.payload.programs[{k}]")
+        what = f"program {pid} ($.payload.programs[{k}])"
+        if pid in keys:
+            raise InputError(source, f"$.payload.programs[{k}].id", f"program id {pid!r} is used twice")
+        if sha256_bytes(entry["xml"].encode("utf-8")) != entry["xml_sha256"]:
+            raise InputError(source, where, f"runs {what}, whose XML is not the one its xml_sha256 names")
+        try:
+            key = entry_key(entry)
+            problems = prove(parse_program(entry["xml"], f"{source}: {what}"), key)
+        except (InputError, ValueError, KeyError) as exc:
+            raise InputError(source, where, f"runs {what}, which cannot be read: {exc}") from None
+        if problems:
+            raise InputError(source, where, f"runs {what}, which is not a proven {key.describe()}: {problems[0]}")
+        keys[pid] = key
+    return keys
+
+
+def _check_programs(payload: dict, source: str) -> int:
+    """Proven programs (0 when the plan carries none): each motif with a collective names a carried program
+    made for what it does."""
+    if payload.get("programs") is None:
+        return 0
+    keys = _proven_program_keys(payload, source)
+    for i, op in enumerate(payload["comm_ops"]):
+        for j, m in enumerate(op["motifs"]):
+            if m.get("collective") is None or m.get("ranks") is None:
+                continue
+            where = f"$.payload.comm_ops[{i}].motifs[{j}]"
+            if m.get("program") not in keys:
+                raise InputError(source, f"{where}.program", f"motif {m['name']!r} names program {m.get('program')!r}, "
+                                                             f"which the plan does not carry")
+            try:
+                want = motif_key(m)
+            except (ValueError, KeyError) as exc:
+                raise InputError(source, where, f"motif {m['name']!r}: {exc}") from None
+            have = keys[m["program"]]
+            if have != want:
+                raise InputError(source, f"{where}.program", f"motif {m['name']!r} is a {want.describe()}; its "
+                                                             f"program {m['program']} is a {have.describe()}")
+    return len(keys)
+
+
 def _replay(payload: dict, source: str, model_path: str, topology_spec: str) -> None:
     from mlopt.formats.loaders import load_trace_any, resolve_topology
     from mlopt.planners.schedule.optsched import lower_bound_us, optsched
@@ -129,6 +196,7 @@ def validate_schedule_plan(plan: PlanFile, source: str, model_path: str | None, 
             raise InputError(source, f"$.payload.{key}", "missing required field")
     _check_motifs(payload, source)
     proven, unproven = _prove_decompositions(payload, source)
+    programs = _check_programs(payload, source)
     bound = payload["predicted"].get("bound_makespan_us")
     if bound is not None and bound > payload["predicted"]["makespan_us"] * (1 + 1e-9) + 1e-6:
         raise InputError(source, "$.payload.predicted.bound_makespan_us",
@@ -140,5 +208,7 @@ def validate_schedule_plan(plan: PlanFile, source: str, model_path: str | None, 
     motifs = sum(len(op["motifs"]) for op in payload["comm_ops"])
     predicted = payload["predicted"]
     proofs = f", {proven} decompositions proven" + (f" ({unproven} too fine to prove)" if unproven else "")
+    proofs += (f", {programs} motif programs proven" if payload.get("programs") is not None
+               else ", no motif programs carried (the enforcer makes them at run time)")
     return (f"{len(payload['comm_ops'])} comm-ops, {motifs} motifs, iteration {predicted['iteration_us']:.1f} us "
             f"({predicted['iterations']} unrolled: {predicted['makespan_us']:.1f} us){proofs}{replayed}")

@@ -9,7 +9,7 @@ from mlopt.errors import InputError
 from mlopt.formats.io import canonical_json, write_files
 from mlopt.formats.topology import Topology
 from mlopt.formats.trace import ModelTrace
-from mlopt.planners import WrittenPlan
+from mlopt.planners.protocol import WrittenPlan
 from mlopt.planners.options import PlannerOptions
 from mlopt.planners.threads.build import layers_from_trace
 from mlopt.planners.threads.planner import ThreadsOptions, make_problem, plan_threads

@@ -1,4 +1,4 @@
-"""Tiny models for the tracer's tests (tests/test_torch_trace.py).
+"""Tiny models for the tracer's tests (tests/pytorch/test_trace.py).
 
 Reached either as a file spec, `tests/data/models/tiny_models.py:build_mlp`, or as a module spec,
 `tiny_models:build_mlp`, with tests/data/models on sys.path.

@@ -190,22 +190,41 @@ def build_logical(topology: Topology, sketch: Sketch | None, spec: CollectiveSpe
         for r in ranks:
             node_of[r] = i
     phys = topology.link_map()
-    chunk_MB = chunk_bytes / 1e6
     description: list[str] = []
-
     if sketch is not None:
-        if sketch.nnodes != len(nodes):
-            raise InputError(source, F_NNODES, f"sketch is for {sketch.nnodes} node(s), topology "
-                             f"{topology.name!r} has {len(nodes)}")
-        if sketch.intranode_strategy not in ("none", "switch"):
-            raise InputError(source, F_INTRA, f"intranode strategy {sketch.intranode_strategy!r} is not "
-                             "supported; use 'none' or 'switch'")
-        if len(nodes) > 1 and sketch.internode_strategy != "relay":
-            raise InputError(source, F_INTER, f"internode strategy {sketch.internode_strategy!r} is not "
-                             "supported between nodes; use 'relay'")
+        _check_strategies(topology, sketch, nodes, source)
+    hyper_of = _switch_hyperedges(topology, sketch, chunk_bytes, options, source, gpus, nodes, node_of, phys,
+                                  description)
+    draft = _intranode_links(topology, chunk_bytes, options, node_of, hyper_of)
+    senders: dict[int, frozenset[int]] | None = None
+    enforce = False
+    if len(nodes) > 1:
+        senders, enforce = _add_internode_links(draft, topology, sketch, chunk_bytes, options, source, gpus, nodes,
+                                                node_of, phys, description)
+    symmetry = tuple(sketch.symmetry_offsets) if sketch is not None else ()
+    logical = LogicalTopology(n, gpus, tuple(node_of), draft, chunk_bytes, senders, enforce, symmetry,
+                              tuple(description))
+    return _checked_symmetry(logical, sketch, len(nodes), options, source)
 
-    # -- intra-node links and switch-hyperedges -----------------------------------------------------------
-    hyper_of: dict[tuple[int, int], tuple[str, int]] = {}  # link -> (hyperedge name, gamma sign)
+
+def _check_strategies(topology: Topology, sketch: Sketch, nodes, source: str) -> None:
+    """InputError unless the sketch is for this many nodes and uses strategies the synthesizer supports."""
+    if sketch.nnodes != len(nodes):
+        raise InputError(source, F_NNODES, f"sketch is for {sketch.nnodes} node(s), topology "
+                         f"{topology.name!r} has {len(nodes)}")
+    if sketch.intranode_strategy not in ("none", "switch"):
+        raise InputError(source, F_INTRA, f"intranode strategy {sketch.intranode_strategy!r} is not "
+                         "supported; use 'none' or 'switch'")
+    if len(nodes) > 1 and sketch.internode_strategy != "relay":
+        raise InputError(source, F_INTER, f"internode strategy {sketch.internode_strategy!r} is not "
+                         "supported between nodes; use 'relay'")
+
+
+def _switch_hyperedges(topology: Topology, sketch: Sketch | None, chunk_bytes: float, options, source: str, gpus,
+                       nodes, node_of, phys, description: list[str]) -> dict[tuple[int, int], tuple[str, int]]:
+    """Intra-node switch-hyperedges: link -> (hyperedge name, gamma sign of eq. 5.11), from the sketch's
+    switches or (default sketch) from the topology's intra-node switches."""
+    hyper_of: dict[tuple[int, int], tuple[str, int]] = {}
     if sketch is not None and sketch.intranode_strategy == "switch":
         seen: list[frozenset[int]] = []
         for i, members in enumerate(sketch.switches):
@@ -236,7 +255,13 @@ def build_logical(topology: Topology, sketch: Sketch | None, spec: CollectiveSpe
         for l in topology.links:
             if l.switch is not None and node_of[l.src] == node_of[l.dst]:
                 hyper_of[(l.src, l.dst)] = (l.switch, sign)
+    return hyper_of
 
+
+def _intranode_links(topology: Topology, chunk_bytes: float, options, node_of,
+                     hyper_of) -> dict[tuple[int, int], LogicalLink]:
+    """Every physical link inside a node, with its switch port, gamma sign and contiguity."""
+    chunk_MB = chunk_bytes / 1e6
     draft: dict[tuple[int, int], LogicalLink] = {}
     for l in topology.links:
         if node_of[l.src] != node_of[l.dst]:
@@ -251,54 +276,68 @@ def build_logical(topology: Topology, sketch: Sketch | None, spec: CollectiveSpe
         contiguous = options.contiguity == "all" and port is None
         draft[(l.src, l.dst)] = LogicalLink(l.src, l.dst, l.alpha_us, l.beta_us_per_MB,
                                             l.alpha_us + l.beta_us_per_MB * chunk_MB, False, port, gamma, contiguous)
+    return draft
 
-    # -- inter-node links ---------------------------------------------------------------------------------
+
+def _internode_conn(sketch: Sketch | None, options, source: str, gpus) -> dict[int, tuple[int, ...]]:
+    """Local sender GPU -> local receiver GPUs in every other node (the sketch's internode_conn or the
+    default)."""
+    conn_field: object = sketch.internode_conn if sketch is not None else options.default_internode
+    if isinstance(conn_field, dict):
+        conn = {}
+        for s, rs in sorted(conn_field.items()):
+            _check_local(s, gpus, source, f"{F_CONN}.{s}")
+            conn[s] = tuple(_check_local(r, gpus, source, f"{F_CONN}.{s}[{j}]") for j, r in enumerate(rs))
+    elif conn_field == "fully-connected":
+        conn = {s: tuple(range(gpus)) for s in range(gpus)}
+    elif conn_field == "direct-map":
+        conn = {s: (s,) for s in range(gpus)}
+    else:
+        raise InputError(source, F_CONN, f"unknown connection {conn_field!r}")
+    return conn
+
+
+def _add_internode_links(draft, topology: Topology, sketch: Sketch | None, chunk_bytes: float, options,
+                         source: str, gpus, nodes, node_of, phys, description: list[str]):
+    """Adds the inter-node ("relay") links to draft, with their NIC-sharing beta factor; returns the relay
+    senders and whether enforce_ordering applies."""
+    chunk_MB = chunk_bytes / 1e6
+    conn = _internode_conn(sketch, options, source, gpus)
+    if sketch is None:
+        description.append(f"default sketch: inter-node {options.default_internode}")
+    pairs = []  # (u, v) global
+    for a, ranks_a in enumerate(nodes):
+        for b, ranks_b in enumerate(nodes):
+            if a == b:
+                continue
+            for s, rs in conn.items():
+                for r in rs:
+                    u, v = ranks_a[s], ranks_b[r]
+                    if (u, v) not in phys:
+                        raise InputError(source, F_CONN if sketch is not None else "topology",
+                                         f"no physical link from GPU {s} of node {a} to GPU {r} of node {b} "
+                                         f"in topology {topology.name!r}")
+                    pairs.append((u, v))
+    split = _beta_split(sketch, pairs, phys, node_of, nodes, conn, source)
+    for (u, v) in pairs:
+        l = phys[(u, v)]
+        f = split[(u, v)]
+        beta = l.beta_us_per_MB * f
+        draft[(u, v)] = LogicalLink(u, v, l.alpha_us, beta, l.alpha_us + beta * chunk_MB, True, None, 0,
+                                    options.contiguity in ("internode", "all"), f)
     senders: dict[int, frozenset[int]] | None = None
     enforce = False
-    if len(nodes) > 1:
-        conn_field: object = sketch.internode_conn if sketch is not None else options.default_internode
-        if isinstance(conn_field, dict):
-            conn = {}
-            for s, rs in sorted(conn_field.items()):
-                _check_local(s, gpus, source, f"{F_CONN}.{s}")
-                conn[s] = tuple(_check_local(r, gpus, source, f"{F_CONN}.{s}[{j}]") for j, r in enumerate(rs))
-        elif conn_field == "fully-connected":
-            conn = {s: tuple(range(gpus)) for s in range(gpus)}
-        elif conn_field == "direct-map":
-            conn = {s: (s,) for s in range(gpus)}
-        else:
-            raise InputError(source, F_CONN, f"unknown connection {conn_field!r}")
-        if sketch is None:
-            description.append(f"default sketch: inter-node {conn_field}")
-        pairs = []  # (u, v) global
-        for a, ranks_a in enumerate(nodes):
-            for b, ranks_b in enumerate(nodes):
-                if a == b:
-                    continue
-                for s, rs in conn.items():
-                    for r in rs:
-                        u, v = ranks_a[s], ranks_b[r]
-                        if (u, v) not in phys:
-                            raise InputError(source, F_CONN if sketch is not None else "topology",
-                                             f"no physical link from GPU {s} of node {a} to GPU {r} of node {b} "
-                                             f"in topology {topology.name!r}")
-                        pairs.append((u, v))
-        split = _beta_split(sketch, pairs, phys, node_of, nodes, conn, source)
-        for (u, v) in pairs:
-            l = phys[(u, v)]
-            f = split[(u, v)]
-            beta = l.beta_us_per_MB * f
-            draft[(u, v)] = LogicalLink(u, v, l.alpha_us, beta, l.alpha_us + beta * chunk_MB, True, None, 0,
-                                        options.contiguity in ("internode", "all"), f)
-        if sketch is not None:
-            senders = _senders(sketch, conn, gpus, nodes, source)
-            enforce = bool(sketch.enforce_ordering) and senders is not None
+    if sketch is not None:
+        senders = _senders(sketch, conn, gpus, nodes, source)
+        enforce = bool(sketch.enforce_ordering) and senders is not None
+    return senders, enforce
 
-    symmetry = tuple(sketch.symmetry_offsets) if sketch is not None else ()
-    logical = LogicalTopology(n, gpus, tuple(node_of), draft, chunk_bytes, senders, enforce, symmetry,
-                              tuple(description))
-    if sketch is None and len(nodes) > 1 and options.default_symmetry:
-        candidate = ((gpus, n),)
+
+def _checked_symmetry(logical: LogicalTopology, sketch: Sketch | None, num_nodes: int, options,
+                      source: str) -> LogicalTopology:
+    """The sketch's symmetry checked as an automorphism, or (default sketch) node rotation when it is one."""
+    if sketch is None and num_nodes > 1 and options.default_symmetry:
+        candidate = ((logical.gpus_per_node, logical.num_ranks),)
         try:
             _check_symmetry_links(logical, candidate, "<default>")
             _check_symmetry_senders(logical, candidate, "<default>")
@@ -307,8 +346,8 @@ def build_logical(topology: Topology, sketch: Sketch | None, spec: CollectiveSpe
         except InputError:
             logical = _with_description(logical, "default sketch: nodes not symmetric, no symmetry used")
     else:
-        _check_symmetry_links(logical, symmetry, source)
-        _check_symmetry_senders(logical, symmetry, source)
+        _check_symmetry_links(logical, logical.symmetry, source)
+        _check_symmetry_senders(logical, logical.symmetry, source)
     return logical
 
 

@@ -150,90 +150,112 @@ def order(graph: TransferGraph, logical: LogicalTopology, heuristic: str,
             raise ValueError("the mirror ordering needs a priority for every transfer")
     elif heuristic not in HEURISTICS:
         raise ValueError(f"unknown ordering heuristic {heuristic!r}; choose auto or one of {HEURISTICS}")
-    n = len(graph)
-    lat = lat_of(graph, logical)
-    to_travel, travelled = metrics(graph, lat)
-    children = graph.children()
-    waiting = [len(ds) for ds in graph.deps]
-    ready_at = [0.0] * n  # chunk time: when every dependency has arrived
-    link_free: dict = {}
-    send_free: dict = {}
-    recv_free: dict = {}
-    reduce_free: dict = {}
-    own_left = {link: len(ts) for link, ts in graph.own_first.items()}
-    blocked: dict = {}  # link -> transfers waiting for that link's own chunks
-    start = [0.0] * n
-    orders = Orders(heuristic, {}, {}, {}, {}, start, 0.0)
-    ports = {}
-    for t in range(n):
-        l = logical.links[graph.link(t)]
-        ports[t] = None if l.port is None else ((l.port, graph.src[t]), (l.port, graph.dst[t]))
+    return _ListScheduler(graph, logical, heuristic, priority).run()
 
-    def est(t: int) -> float:
+
+class _ListScheduler:
+    """One heuristic's list schedule: transfers are placed one at a time, the smallest key first, each as
+    early as its dependencies, link, switch ports and (combining) reduction slot allow."""
+
+    def __init__(self, graph: TransferGraph, logical: LogicalTopology, heuristic: str,
+                 priority: Sequence[float] | None):
+        self.graph, self.heuristic, self.priority = graph, heuristic, priority
+        n = len(graph)
+        self.lat = lat_of(graph, logical)
+        self.to_travel, self.travelled = metrics(graph, self.lat)
+        self.children = graph.children()
+        self.waiting = [len(ds) for ds in graph.deps]
+        self.ready_at = [0.0] * n  # chunk time: when every dependency has arrived
+        self.link_free: dict = {}
+        self.send_free: dict = {}
+        self.recv_free: dict = {}
+        self.reduce_free: dict = {}
+        self.own_left = {link: len(ts) for link, ts in graph.own_first.items()}
+        self.blocked: dict = {}  # link -> transfers waiting for that link's own chunks
+        self.start = [0.0] * n
+        self.orders = Orders(heuristic, {}, {}, {}, {}, self.start, 0.0)
+        self.ports = {}
+        for t in range(n):
+            l = logical.links[graph.link(t)]
+            self.ports[t] = None if l.port is None else ((l.port, graph.src[t]), (l.port, graph.dst[t]))
+        self.heap: list = []
+
+    def est(self, t: int) -> float:
+        """Earliest start of t given what is placed so far."""
+        graph = self.graph
         link = graph.link(t)
-        e = max(ready_at[t], link_free.get(link, 0.0))
-        if ports[t] is not None:
-            sp, rp = ports[t]
-            e = max(e, send_free.get(sp, 0.0), recv_free.get(rp, 0.0))
+        e = max(self.ready_at[t], self.link_free.get(link, 0.0))
+        if self.ports[t] is not None:
+            sp, rp = self.ports[t]
+            e = max(e, self.send_free.get(sp, 0.0), self.recv_free.get(rp, 0.0))
         if graph.serialize_receives:
-            e = max(e, reduce_free.get((graph.dst[t], graph.chunk[t]), 0.0))
+            e = max(e, self.reduce_free.get((graph.dst[t], graph.chunk[t]), 0.0))
         return e
 
-    def key(t: int) -> tuple:
+    def key(self, t: int) -> tuple:
+        """The heuristic's priority of t (smallest first)."""
+        graph = self.graph
         tie = (graph.chunk[t], graph.src[t], graph.dst[t], t)
-        if heuristic == "longest-path-first":
-            return (-to_travel[t], est(t), travelled[t]) + tie
-        if heuristic == "mirror":
-            return (priority[t], est(t), -to_travel[t], travelled[t]) + tie  # type: ignore[index]
-        return (est(t), -to_travel[t], travelled[t]) + tie
+        if self.heuristic == "longest-path-first":
+            return (-self.to_travel[t], self.est(t), self.travelled[t]) + tie
+        if self.heuristic == "mirror":
+            return (self.priority[t], self.est(t), -self.to_travel[t], self.travelled[t]) + tie  # type: ignore[index]
+        return (self.est(t), -self.to_travel[t], self.travelled[t]) + tie
 
-    heap: list = []
-
-    def push(t: int) -> None:
-        link = graph.link(t)
-        if own_left.get(link, 0) > 0 and t not in graph.own_first[link]:
-            blocked.setdefault(link, []).append(t)
+    def push(self, t: int) -> None:
+        """Queue a ready transfer (or hold it back until its link's own chunks are sent: enforce_ordering)."""
+        link = self.graph.link(t)
+        if self.own_left.get(link, 0) > 0 and t not in self.graph.own_first[link]:
+            self.blocked.setdefault(link, []).append(t)
             return
-        heapq.heappush(heap, (key(t), t))
+        heapq.heappush(self.heap, (self.key(t), t))
 
-    for t in range(n):
-        if waiting[t] == 0:
-            push(t)
-    placed = 0
-    while heap:
-        k, t = heapq.heappop(heap)
-        fresh = key(t)
-        if fresh != k:  # resources moved since it was pushed: keys only grow, so re-queue (lazy update)
-            heapq.heappush(heap, (fresh, t))
-            continue
-        s = est(t)
-        f = s + lat[t]
-        start[t] = s
-        placed += 1
+    def run(self) -> Orders:
+        """Place every transfer; the orders per link, port and reduction, the starts and the makespan."""
+        n, heap = len(self.graph), self.heap
+        for t in range(n):
+            if self.waiting[t] == 0:
+                self.push(t)
+        placed = 0
+        while heap:
+            k, t = heapq.heappop(heap)
+            fresh = self.key(t)
+            if fresh != k:  # resources moved since it was pushed: keys only grow, so re-queue (lazy update)
+                heapq.heappush(heap, (fresh, t))
+                continue
+            self.place(t)
+            placed += 1
+        if placed != n:
+            raise RuntimeError("ordering could not place every transfer")
+        self.orders.makespan_us = max((self.start[t] + self.lat[t] for t in range(n)), default=0.0)
+        return self.orders
+
+    def place(self, t: int) -> None:
+        """Start t at its earliest start, occupy its resources until it arrives, and release its children."""
+        graph, orders = self.graph, self.orders
+        s = self.est(t)
+        f = s + self.lat[t]
+        self.start[t] = s
         link = graph.link(t)
-        link_free[link] = f
+        self.link_free[link] = f
         orders.link.setdefault(link, []).append(t)
-        if ports[t] is not None:
-            sp, rp = ports[t]
-            send_free[sp] = f
-            recv_free[rp] = f
+        if self.ports[t] is not None:
+            sp, rp = self.ports[t]
+            self.send_free[sp] = f
+            self.recv_free[rp] = f
             orders.send_port.setdefault(sp, []).append(t)
             orders.recv_port.setdefault(rp, []).append(t)
         if graph.serialize_receives:
             rk = (graph.dst[t], graph.chunk[t])
-            reduce_free[rk] = f
+            self.reduce_free[rk] = f
             orders.reduce.setdefault(rk, []).append(t)
-        if link in own_left and t in graph.own_first[link]:
-            own_left[link] -= 1
-            if own_left[link] == 0:
-                for b in blocked.pop(link, []):
-                    heapq.heappush(heap, (key(b), b))
-        for ch in children[t]:
-            ready_at[ch] = max(ready_at[ch], f)
-            waiting[ch] -= 1
-            if waiting[ch] == 0:
-                push(ch)
-    if placed != n:
-        raise RuntimeError("ordering could not place every transfer")
-    orders.makespan_us = max((start[t] + lat[t] for t in range(n)), default=0.0)
-    return orders
+        if link in self.own_left and t in graph.own_first[link]:
+            self.own_left[link] -= 1
+            if self.own_left[link] == 0:
+                for b in self.blocked.pop(link, []):
+                    heapq.heappush(self.heap, (self.key(b), b))
+        for ch in self.children[t]:
+            self.ready_at[ch] = max(self.ready_at[ch], f)
+            self.waiting[ch] -= 1
+            if self.waiting[ch] == 0:
+                self.push(ch)

@@ -56,24 +56,69 @@ class SchedulingOutcome:
 def solve_schedule(graph: TransferGraph, orders: Orders, logical: LogicalTopology, solver, options,
                    tag: str = "scheduling") -> SchedulingOutcome:
     t_build = _time.perf_counter()
-    n = len(graph)
-    unit = logical.max_lat
-    links = [logical.links[graph.link(t)] for t in range(n)]
-    alpha = [l.alpha_us / unit for l in links]
-    per_chunk = [(l.lat_us - l.alpha_us) / unit for l in links]  # beta * chunk size
-    lat = [l.lat_us / unit for l in links]
-    W = max(1, options.max_group)
-    H = orders.makespan_us / unit * (1 + 1e-9) + 1e-9  # the list schedule's time: an upper bound
-    M = H + W * max(lat, default=1.0)
+    s = _ScheduleModel(graph, orders, logical, options)
+    # Rows are added block by block in a fixed order: the MPS and the solver's path depend on it.
+    _add_eq5_17_contiguity(s, graph, orders, logical)
+    _add_eq5_2_eq5_4_dependencies(s, graph)
+    _add_eq5_16_eq5_19_link_order(s, orders)
+    _add_eq5_20_eq5_21_switch_ports(s, graph, orders)
+    _add_reduce_order(s, orders)
+    s.model.set_objective([s.time_var], [1.0], "min")
+    build_s = _time.perf_counter() - t_build
+    form = s.model.to_arrays()
+    warm = np.zeros(form.num_vars)
+    warm[s.send] = np.asarray(orders.start_us) / s.unit
+    warm[s.time_var] = orders.makespan_us / s.unit
+    result = solver.solve(form, SolveOptions(time_limit_s=options.time_limit_s, node_limit=options.node_limit,
+                                             mip_gap=options.mip_gap, threads=options.threads, seed=options.seed,
+                                             verbose=options.verbose, dump_model=_dump(options, tag)), start=warm)
+    unit = s.unit
+    scaled = replace(result, objective=None if result.objective is None else result.objective * unit,
+                     best_bound=None if result.best_bound is None or not math.isfinite(result.best_bound)
+                     else result.best_bound * unit)
+    schedule = _read_schedule(result.x, s, orders) if result.status.has_solution else None
+    return SchedulingOutcome(schedule, scaled, form.num_vars, form.num_constraints,
+                             int(form.integrality.sum()), build_s)
 
-    model = Model("taccl_schedule")
-    send = model.add_vars("send", n, 0.0, H)
-    time_var = model.add_var("time", 0.0, H)
 
-    # Contiguity variables on mergeable links
-    y: dict[tuple[int, int], int] = {}  # (t_i, t_next) -> var
-    together: dict[tuple[int, int], int] = {}  # (t_i, t_j) (i before j on the link) -> var
-    lat_terms: list[list[tuple[int, float]]] = [[] for _ in range(n)]  # extra terms of lat[t]
+class _ScheduleModel:
+    """The stage-3 MILP under construction: per-transfer costs (in units of the largest latency), the send
+    and time variables, and the contiguity binaries with the latency terms they add (eq. 5.17)."""
+
+    def __init__(self, graph: TransferGraph, orders: Orders, logical: LogicalTopology, options):
+        self.n = n = len(graph)
+        self.unit = unit = logical.max_lat
+        links = [logical.links[graph.link(t)] for t in range(n)]
+        self.per_chunk = [(l.lat_us - l.alpha_us) / unit for l in links]  # beta * chunk size
+        self.lat = lat = [l.lat_us / unit for l in links]
+        self.W = W = max(1, options.max_group)
+        H = orders.makespan_us / unit * (1 + 1e-9) + 1e-9  # the list schedule's time: an upper bound
+        self.M = H + W * max(lat, default=1.0)
+
+        self.model = Model("taccl_schedule")
+        self.send = self.model.add_vars("send", n, 0.0, H)
+        self.time_var = self.model.add_var("time", 0.0, H)
+        self.y: dict[tuple[int, int], int] = {}  # (t_i, t_next) -> is_together var
+        self.lat_terms: list[list[tuple[int, float]]] = [[] for _ in range(n)]  # extra terms of lat[t]
+
+    def arrival(self, t: int) -> tuple[list[int], list[float], float]:
+        """(5.18) start[c, r] = send[t] + lat[t] as (indices, coefs, constant)."""
+        idx = [int(self.send[t])] + [v for v, _ in self.lat_terms[t]]
+        coef = [1.0] + [w for _, w in self.lat_terms[t]]
+        return idx, coef, self.lat[t]
+
+    def add_send_after_arrival(self, b: int, a: int, extra_idx=(), extra_coef=()) -> None:
+        """send[b] (+ extra terms) >= arrival of a."""
+        idx, coef, const = self.arrival(a)
+        self.model.add_ge([int(self.send[b])] + idx + list(extra_idx), [1.0] + [-c for c in coef] + list(extra_coef),
+                          const)
+
+
+def _add_eq5_17_contiguity(s: _ScheduleModel, graph: TransferGraph, orders: Orders, logical: LogicalTopology):
+    """Contiguity binaries per mergeable link: y for consecutive transfers, is_together[i, j] as the product of
+    the y between them, the (5.17) latency terms each member's message carries, and at most max_group
+    transfers per message."""
+    model, W, y, lat_terms, per_chunk = s.model, s.W, s.y, s.lat_terms, s.per_chunk
     for link, seq in sorted(orders.link.items()):
         l = logical.links[link]
         if not l.contiguous or W == 1 or len(seq) < 2:
@@ -95,7 +140,6 @@ def solve_schedule(graph: TransferGraph, orders: Orders, logical: LogicalTopolog
                     for v in chain:
                         model.add_le([z, v], [1.0, -1.0], 0.0)
                     model.add_ge([z] + chain, [1.0] + [-1.0] * len(chain), -(len(chain) - 1))
-                together[(seq[i], seq[j])] = z
                 # (5.17) each member's message carries beta for every chunk it travels with
                 lat_terms[seq[i]].append((z, per_chunk[seq[i]]))
                 lat_terms[seq[j]].append((z, per_chunk[seq[j]]))
@@ -105,88 +149,75 @@ def solve_schedule(graph: TransferGraph, orders: Orders, logical: LogicalTopolog
             if all(v is not None for v in window):
                 model.add_le(window, [1.0] * W, W - 1)
 
-    def arrival(t: int) -> tuple[list[int], list[float], float]:
-        """(5.18) start[c, r] = send[t] + lat[t] as (indices, coefs, constant)."""
-        idx = [int(send[t])] + [v for v, _ in lat_terms[t]]
-        coef = [1.0] + [w for _, w in lat_terms[t]]
-        return idx, coef, lat[t]
 
-    for t in range(n):
-        # (5.4) a transfer starts after its chunk has arrived at its source (every child, when reducing)
+def _add_eq5_2_eq5_4_dependencies(s: _ScheduleModel, graph: TransferGraph) -> None:
+    """(5.4) a transfer starts after its chunk has arrived at its source (every child, when reducing) and
+    (5.2) time >= every arrival."""
+    for t in range(s.n):
         for d in graph.deps[t]:
-            idx, coef, const = arrival(d)
-            model.add_ge([int(send[t])] + idx, [1.0] + [-c for c in coef], const)
-        # (5.2) time >= arrival
-        idx, coef, const = arrival(t)
-        model.add_ge([time_var] + idx, [1.0] + [-c for c in coef], const)
+            s.add_send_after_arrival(t, d)
+        idx, coef, const = s.arrival(t)
+        s.model.add_ge([s.time_var] + idx, [1.0] + [-c for c in coef], const)
 
-    # (5.16) / (5.19) per link, consecutive pairs in chunk_order:
-    #   together -> same send time; not together -> the next send waits for this one to arrive
+
+def _add_eq5_16_eq5_19_link_order(s: _ScheduleModel, orders: Orders) -> None:
+    """(5.16) / (5.19) per link, consecutive pairs in chunk_order: together -> same send time; not together ->
+    the next send waits for this one to arrive."""
+    model, M = s.model, s.M
     for link, seq in sorted(orders.link.items()):
         for a, b in zip(seq, seq[1:]):
-            v = y.get((a, b))
+            v = s.y.get((a, b))
             if v is None:
-                idx, coef, const = arrival(a)
-                model.add_ge([int(send[b])] + idx, [1.0] + [-c for c in coef], const)
+                s.add_send_after_arrival(b, a)
                 continue
-            model.add_ge([int(send[b]), int(send[a])], [1.0, -1.0], 0.0)
-            model.add_le([int(send[b]), int(send[a]), v], [1.0, -1.0, M], M)
-            idx, coef, const = arrival(a)
-            model.add_ge([int(send[b])] + idx + [v], [1.0] + [-c for c in coef] + [M], const)
+            model.add_ge([int(s.send[b]), int(s.send[a])], [1.0, -1.0], 0.0)
+            model.add_le([int(s.send[b]), int(s.send[a]), v], [1.0, -1.0, M], M)
+            s.add_send_after_arrival(b, a, [v], [M])
 
-    # (5.20) switch_send_order(r) and (5.21) switch_recv_order(r): one switched transfer at a time per port
-    # (links through a switch are never merged, so arrival(a) is send[a] + lat[a])
+
+def _add_eq5_20_eq5_21_switch_ports(s: _ScheduleModel, graph: TransferGraph, orders: Orders) -> None:
+    """(5.20) switch_send_order(r) and (5.21) switch_recv_order(r): one switched transfer at a time per port
+    (links through a switch are never merged, so arrival(a) is send[a] + lat[a])."""
     for port_orders in (orders.send_port, orders.recv_port):
         for _, seq in sorted(port_orders.items()):
             for a, b in zip(seq, seq[1:]):
                 if graph.link(a) == graph.link(b):
                     continue  # already ordered by the link constraint
-                model.add_ge([int(send[b]), int(send[a])], [1.0, -1.0], lat[a])
-    # combining: a rank reduces the receives of one chunk one at a time
+                s.model.add_ge([int(s.send[b]), int(s.send[a])], [1.0, -1.0], s.lat[a])
+
+
+def _add_reduce_order(s: _ScheduleModel, orders: Orders) -> None:
+    """Combining: a rank reduces the receives of one chunk one at a time."""
     for _, seq in sorted(orders.reduce.items()):
         for a, b in zip(seq, seq[1:]):
-            idx, coef, const = arrival(a)
-            model.add_ge([int(send[b])] + idx, [1.0] + [-c for c in coef], const)
+            s.add_send_after_arrival(b, a)
 
-    model.set_objective([time_var], [1.0], "min")
-    build_s = _time.perf_counter() - t_build
-    form = model.to_arrays()
-    warm = np.zeros(form.num_vars)
-    warm[send] = np.asarray(orders.start_us) / unit
-    warm[time_var] = orders.makespan_us / unit
-    result = solver.solve(form, SolveOptions(time_limit_s=options.time_limit_s, node_limit=options.node_limit,
-                                             mip_gap=options.mip_gap, threads=options.threads, seed=options.seed,
-                                             verbose=options.verbose, dump_model=_dump(options, tag)), start=warm)
-    scaled = replace(result, objective=None if result.objective is None else result.objective * unit,
-                     best_bound=None if result.best_bound is None or not math.isfinite(result.best_bound)
-                     else result.best_bound * unit)
-    schedule = None
-    if result.status.has_solution:
-        xv = result.x
-        starts = [float(xv[send[t]]) * unit for t in range(n)]
-        group: list[int | None] = [None] * n
-        gid = 0
-        for link, seq in sorted(orders.link.items()):
-            run = [seq[0]] if seq else []
-            for a, b in zip(seq, seq[1:]):
-                v = y.get((a, b))
-                if v is not None and xv[v] > 0.5:
-                    run.append(b)
-                    continue
-                gid = _close(run, group, gid)
-                run = [b]
+
+def _read_schedule(xv: np.ndarray, s: _ScheduleModel, orders: Orders) -> Schedule:
+    """Send times and contiguity groups from a solution; a merged message's members share its start."""
+    unit = s.unit
+    starts = [float(xv[s.send[t]]) * unit for t in range(s.n)]
+    group: list[int | None] = [None] * s.n
+    gid = 0
+    for link, seq in sorted(orders.link.items()):
+        run = [seq[0]] if seq else []
+        for a, b in zip(seq, seq[1:]):
+            v = s.y.get((a, b))
+            if v is not None and xv[v] > 0.5:
+                run.append(b)
+                continue
             gid = _close(run, group, gid)
-        # a merged message leaves when its last member is ready: give members one start
-        for link, seq in orders.link.items():
-            for t in seq:
-                if group[t] is not None:
-                    members = [m for m in seq if group[m] == group[t]]
-                    s = max(starts[m] for m in members)
-                    for m in members:
-                        starts[m] = s
-        schedule = Schedule(tuple(starts), tuple(group), float(xv[time_var]) * unit)
-    return SchedulingOutcome(schedule, scaled, form.num_vars, form.num_constraints,
-                             int(form.integrality.sum()), build_s)
+            run = [b]
+        gid = _close(run, group, gid)
+    # a merged message leaves when its last member is ready: give members one start
+    for link, seq in orders.link.items():
+        for t in seq:
+            if group[t] is not None:
+                members = [m for m in seq if group[m] == group[t]]
+                start = max(starts[m] for m in members)
+                for m in members:
+                    starts[m] = start
+    return Schedule(tuple(starts), tuple(group), float(xv[s.time_var]) * unit)
 
 
 def _close(run: list[int], group: list, gid: int) -> int:

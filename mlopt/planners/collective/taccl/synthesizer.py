@@ -131,42 +131,14 @@ def synthesize(topology: Topology, sketch: Sketch | None, spec: CollectiveSpec, 
     """
     options = options or SynthesisOptions()
     t0 = _time.perf_counter()
-    if spec.kind not in BASE_KIND:
-        raise InputError("<collective>", "kind", f"TACCL synthesis supports {', '.join(BASE_KIND)}; "
-                         f"not {spec.kind!r}")
-    if spec.num_ranks != topology.num_ranks:
-        raise InputError("<collective>", "num_ranks", f"{spec.num_ranks} ranks, but topology "
-                         f"{topology.name!r} has {topology.num_ranks}")
     source = sketch_source if sketch is not None else topology.name
-    if sketch is not None and sketch.input_chunkup != spec.chunks_per_rank:
-        raise InputError(sketch_source, F_CHUNKUP, f"sketch partitions each buffer into {sketch.input_chunkup} "
-                         f"chunk(s) per rank, the collective asks for {spec.chunks_per_rank}")
-    size_field = "buffer_bytes"
-    if buffer_bytes is None:
-        if sketch is None or sketch.input_size is None:
-            raise InputError(source, F_SIZE, "no buffer size: pass buffer_bytes or set input_size")
-        buffer_bytes, size_field = parse_size(sketch.input_size, sketch_source), F_SIZE
-    pieces = chunk_count(spec)
-    if buffer_bytes <= 0 or abs(buffer_bytes - round(buffer_bytes)) > 1e-6 or round(buffer_bytes) % pieces:
-        raise InputError(source if size_field == F_SIZE else "<collective>", size_field,
-                         f"{buffer_bytes:g} bytes cannot be split into {pieces} equal whole-byte chunks")
-    chunk_bytes = round(buffer_bytes) / pieces
+    chunk_bytes, pieces = _chunk_bytes(topology, sketch, spec, buffer_bytes, sketch_source, source)
 
     solver, solver_note = resolve_solver(options.solver)
     notes: list[str] = [f"solver {solver_note}", f"chunk {chunk_bytes:g} B ({pieces} per buffer)"]
     base_spec = CollectiveSpec(BASE_KIND[spec.kind], spec.num_ranks, spec.chunks_per_rank, spec.root)
-    logical = build_logical(topology, sketch, base_spec, chunk_bytes, options, source)
-    notes.extend(logical.description)
-    chunks = ChunkModel.of(base_spec)
-    try:
-        gens = generators(logical, chunks, source)
-    except InputError:
-        if sketch is not None:
-            raise
-        logical = with_symmetry(logical, ())  # the default node rotation is not a symmetry of this collective
-        notes.append(f"default sketch: {spec.kind} is not symmetric under node rotation, no symmetry used")
-        gens = []
-    cand = candidates(logical, chunks, options, sketch is not None, source)
+    logical, chunks, gens, cand = _logical_problem(topology, sketch, spec, base_spec, chunk_bytes, options, source,
+                                                   notes)
 
     # ---- stage 1 -------------------------------------------------------------------------------------
     r1 = routing.solve_routing(logical, chunks, cand, gens, solver, options)
@@ -186,25 +158,8 @@ def synthesize(topology: Topology, sketch: Sketch | None, spec: CollectiveSpec, 
         transfers = _transfers(graph, copy_sched, logical, step_offset=0, time_offset=0.0)
         predicted = copy_sched.time_us
     else:
-        inv_logical = logical.transposed()
-        phys = topology.link_map()
-        missing = sorted({(graph.dst[t], graph.src[t]) for t in range(len(graph))} - set(phys))
-        if missing:
-            raise InfeasibleError(f"cannot invert the {base_spec.kind} into a {spec.kind}: topology "
-                                  f"{topology.name!r} has no link {missing[0][0]}->{missing[0][1]}")
-        inv, origin = combining.invert(graph)
-        inv_sched, _ = _order_and_schedule(inv, inv_logical, solver, options, stages, notes, ":" + _inverse_name(spec),
-                                           priority=_mirrored(graph, copy_sched, logical, origin))
-        transfers = _transfers(inv, inv_sched, inv_logical, step_offset=0, time_offset=0.0)
-        predicted = inv_sched.time_us
-        if spec.kind == "allreduce":
-            last = max((t.step for t in transfers), default=0)
-            groups = 1 + max((t.group for t in transfers if t.group is not None), default=-1)
-            transfers += _transfers(graph, copy_sched, logical, step_offset=last, time_offset=inv_sched.time_us,
-                                    group_offset=groups)
-            predicted = inv_sched.time_us + copy_sched.time_us
-        notes.append(f"{spec.kind} built by inverting the synthesized {base_spec.kind}"
-                     + (" and appending it" if spec.kind == "allreduce" else ""))
+        transfers, predicted = _reducing_transfers(topology, spec, base_spec, graph, copy_sched, logical, solver,
+                                                   options, stages, notes)
 
     transfers.sort(key=lambda t: (t.step, t.src, t.dst, t.chunk))
     alg = Algorithm(f"taccl-{spec.kind}-{topology.name}", spec, tuple(transfers))
@@ -224,6 +179,74 @@ def synthesize(topology: Topology, sketch: Sketch | None, spec: CollectiveSpec, 
             status = "optimal"
     return SynthesisResult(alg, predicted, status, bound, gap, chunk_bytes, tuple(stages), tuple(notes),
                            logical, _time.perf_counter() - t0)
+
+
+def _chunk_bytes(topology: Topology, sketch: Sketch | None, spec: CollectiveSpec, buffer_bytes: float | None,
+                 sketch_source: str, source: str) -> tuple[float, int]:
+    """(chunk size in bytes, chunks per buffer) after checking the collective against topology and sketch."""
+    if spec.kind not in BASE_KIND:
+        raise InputError("<collective>", "kind", f"TACCL synthesis supports {', '.join(BASE_KIND)}; "
+                         f"not {spec.kind!r}")
+    if spec.num_ranks != topology.num_ranks:
+        raise InputError("<collective>", "num_ranks", f"{spec.num_ranks} ranks, but topology "
+                         f"{topology.name!r} has {topology.num_ranks}")
+    if sketch is not None and sketch.input_chunkup != spec.chunks_per_rank:
+        raise InputError(sketch_source, F_CHUNKUP, f"sketch partitions each buffer into {sketch.input_chunkup} "
+                         f"chunk(s) per rank, the collective asks for {spec.chunks_per_rank}")
+    size_field = "buffer_bytes"
+    if buffer_bytes is None:
+        if sketch is None or sketch.input_size is None:
+            raise InputError(source, F_SIZE, "no buffer size: pass buffer_bytes or set input_size")
+        buffer_bytes, size_field = parse_size(sketch.input_size, sketch_source), F_SIZE
+    pieces = chunk_count(spec)
+    if buffer_bytes <= 0 or abs(buffer_bytes - round(buffer_bytes)) > 1e-6 or round(buffer_bytes) % pieces:
+        raise InputError(source if size_field == F_SIZE else "<collective>", size_field,
+                         f"{buffer_bytes:g} bytes cannot be split into {pieces} equal whole-byte chunks")
+    return round(buffer_bytes) / pieces, pieces
+
+
+def _logical_problem(topology: Topology, sketch: Sketch | None, spec: CollectiveSpec, base_spec: CollectiveSpec,
+                     chunk_bytes: float, options: SynthesisOptions, source: str, notes: list[str]):
+    """(logical topology, chunk model, symmetry generators, candidate routes) of the copy collective."""
+    logical = build_logical(topology, sketch, base_spec, chunk_bytes, options, source)
+    notes.extend(logical.description)
+    chunks = ChunkModel.of(base_spec)
+    try:
+        gens = generators(logical, chunks, source)
+    except InputError:
+        if sketch is not None:
+            raise
+        logical = with_symmetry(logical, ())  # the default node rotation is not a symmetry of this collective
+        notes.append(f"default sketch: {spec.kind} is not symmetric under node rotation, no symmetry used")
+        gens = []
+    cand = candidates(logical, chunks, options, sketch is not None, source)
+    return logical, chunks, gens, cand
+
+
+def _reducing_transfers(topology: Topology, spec: CollectiveSpec, base_spec: CollectiveSpec, graph, copy_sched,
+                        logical, solver, options, stages, notes) -> tuple[list[Transfer], float]:
+    """(transfers, predicted us) of a combining collective: the copy collective inverted, ordered and
+    scheduled again (stages 2 + 3), followed by the copy collective itself for an allreduce."""
+    inv_logical = logical.transposed()
+    phys = topology.link_map()
+    missing = sorted({(graph.dst[t], graph.src[t]) for t in range(len(graph))} - set(phys))
+    if missing:
+        raise InfeasibleError(f"cannot invert the {base_spec.kind} into a {spec.kind}: topology "
+                              f"{topology.name!r} has no link {missing[0][0]}->{missing[0][1]}")
+    inv, origin = combining.invert(graph)
+    inv_sched, _ = _order_and_schedule(inv, inv_logical, solver, options, stages, notes, ":" + _inverse_name(spec),
+                                       priority=_mirrored(graph, copy_sched, logical, origin))
+    transfers = _transfers(inv, inv_sched, inv_logical, step_offset=0, time_offset=0.0)
+    predicted = inv_sched.time_us
+    if spec.kind == "allreduce":
+        last = max((t.step for t in transfers), default=0)
+        groups = 1 + max((t.group for t in transfers if t.group is not None), default=-1)
+        transfers += _transfers(graph, copy_sched, logical, step_offset=last, time_offset=inv_sched.time_us,
+                                group_offset=groups)
+        predicted = inv_sched.time_us + copy_sched.time_us
+    notes.append(f"{spec.kind} built by inverting the synthesized {base_spec.kind}"
+                 + (" and appending it" if spec.kind == "allreduce" else ""))
+    return transfers, predicted
 
 
 def _inverse_name(spec: CollectiveSpec) -> str:

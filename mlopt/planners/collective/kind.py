@@ -1,0 +1,82 @@
+"""The collective planner's entry in the registry (mlopt.planners.registry): an MSCCL-EF XML and its JSON
+sidecar (the plan envelope) per collective."""
+
+from __future__ import annotations
+
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from mlopt.errors import InputError
+from mlopt.formats.io import sha256_bytes
+from mlopt.formats.plan import PlanFile, sidecar_path
+from mlopt.planners.collective import from_trace
+from mlopt.planners.collective.planner import CollectiveOptions
+from mlopt.planners.collective.validate import validate_collective_plan
+from mlopt.planners.protocol import PlannerKind, SimulationFacts, StalenessFacts, envelope_metrics
+
+
+def files(output: str) -> list[str]:
+    """`-o X.xml` writes X.xml and its sidecar X.json (the envelope, last)."""
+    return [str(PurePosixPath(output)), sidecar_path(PurePosixPath(output)).as_posix()]
+
+
+def metrics(doc: dict[str, Any]) -> dict[str, Any]:
+    payload = doc.get("payload", {})
+    bound = payload.get("lower_bound") or {}
+    return {**envelope_metrics(doc), "algorithm": payload.get("algorithm"), "buffer_bytes": payload.get("size_bytes"),
+            "time_us": payload.get("predicted_time_us"), "algbw_GBps": payload.get("algbw_GBps"),
+            "bound_us": bound.get("time_us"), "ratio_to_bound": payload.get("ratio_to_bound")}
+
+
+def plan_file(path: Path) -> Path:
+    """A collective plan given as its MSCCL-EF XML is read from its sidecar."""
+    if path.suffix != ".xml":
+        return path
+    sidecar = sidecar_path(path)
+    if not sidecar.is_file():
+        raise InputError(str(path), "$", f"no JSON sidecar {sidecar.name} beside it (the plan --check reads)")
+    return sidecar
+
+
+def _short(digest: str) -> str:
+    return f"{digest[:12]}.."
+
+
+def xml_changed(path: Path, plan: PlanFile) -> list[str]:
+    """The plan's XML must still be the one its sidecar names by hash."""
+    name, digest = plan.payload.get("xml"), plan.payload.get("xml_sha256")
+    if not isinstance(name, str) or not isinstance(digest, str):
+        raise InputError(str(path), "$.payload.xml", "missing: not a collective plan sidecar")
+    xml = path.with_name(name)
+    if not xml.is_file():
+        return [f"its XML {xml} is missing"]
+    now = sha256_bytes(xml.read_bytes())
+    if now != digest:
+        return [f"its XML {xml} changed after planning (sha256 {_short(digest)} in $.payload.xml_sha256 -> "
+                f"{_short(now)})"]
+    return []
+
+
+def xml_name(path: Path, plan: PlanFile) -> str:
+    """A re-run is written to the XML's name (its sidecar then gets the committed sidecar's name)."""
+    name = plan.payload.get("xml")
+    if not isinstance(name, str) or not name or "/" in name:
+        raise InputError(str(path), "$.payload.xml", "missing or not a file name")
+    return name
+
+
+KIND = PlannerKind(
+    name="collective",
+    options_type=CollectiveOptions,
+    why_not=from_trace.why_not,
+    run=from_trace.run,
+    output_suffix=".xml",
+    files=files,
+    file_inputs=("sketch",),
+    named_inputs=("topology",),
+    validate=validate_collective_plan,
+    metrics=metrics,
+    staleness=StalenessFacts(plan_file=plan_file, file_checks=xml_changed, rerun_name=xml_name),
+    # no apply: the plan is its MSCCL-EF XML, which the system layer applies (mlopt.sim.evaluate.classify_plans)
+    simulation=SimulationFacts(),
+)
