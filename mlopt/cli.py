@@ -9,23 +9,64 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import signal
 import sys
+import tempfile
+import threading
 import warnings
-from pathlib import Path
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator
 
 import click
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
 
-from mlopt import __version__
+from mlopt import __version__, plan_check
 from mlopt.errors import InputError, MloptError
-
-if TYPE_CHECKING:  # the command imports what a subcommand needs when it runs (startup stays fast)
-    from mlopt.planners.protocol import SimulatedIteration, SimulationFacts
+from mlopt.formats import io
+from mlopt.formats import show as show_module
+from mlopt.formats import staleness as st
+from mlopt.formats.io import canonical_json, staged_files, staged_folder, write_json
+from mlopt.formats.loaders import TopologyOptions, load_any, load_trace_any, resolve_topology
+from mlopt.formats.plan import load_plan
+from mlopt.formats.show import stdout_console
+from mlopt.formats.sizes import format_size, parse_size, parse_size_range
+from mlopt.formats.staleness import changed_inputs
+from mlopt.formats.topology import save_topology
+from mlopt.formats.trace import save_trace
+from mlopt.native.run_collective import RunCollectiveOptions, raise_for_mismatch, run_collective
+from mlopt.planners.memory import kind as memory_kind
+from mlopt.planners.memory import sweep as memory_sweep
+from mlopt.planners.memory.plots import plot_memory_timeline
+from mlopt.planners.memory.validate import replay_plan
+from mlopt.planners.options import PLANNER_COMMAND_OPTIONS, TOPOLOGY_COMMAND_OPTIONS, CommandOption, command_args, \
+    planner_options_from_args, topology_options_from_args
+from mlopt.planners.protocol import PlannedFiles, SimulatedIteration, SimulationFacts
+from mlopt.planners.registry import planner_kind, planner_kinds
+from mlopt.planners.schedule.gantt import write_system_gantts
+from mlopt.planners.umbrella import plan_all
+from mlopt.profilers import contention as prof
+from mlopt.profilers import hardware as hw
+from mlopt.profilers.operators import ProfileOptions, profile_operators
+from mlopt.sim import evaluate as ev
+from mlopt.sim import training_plots
+from mlopt.sim import workload as wl
+from mlopt.sim.collective_algorithms import ALGORITHMS
+from mlopt.sim.evaluate import EvaluateOptions
+from mlopt.sim.plots import plot_size_sweep
+from mlopt.sim.report import simulation_rows
+from mlopt.solvers import resolve_solver
+from mlopt.solvers.report import solver_report
+from mlopt.sweep import run_sweep
+from mlopt.sweep.report import print_table
+from mlopt.trace_sources import make_trace
+from mlopt.validate import validate_file
 
 EXIT_INTERNAL = 1
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what shells report for a job stopped by Ctrl-C
-MAX_THREADS = 1 << 20  # communication threads per fusion group: far more than any GPU or CPU runs
 
 
 class FiniteFloatRange(click.FloatRange):
@@ -40,34 +81,47 @@ class FiniteFloatRange(click.FloatRange):
 
 
 def _print_json(value: Any) -> None:
-    from mlopt.formats.io import canonical_json
-
     click.echo(canonical_json(value), nl=False)
 
 
-# mlopt.sim.collective_algorithms.ALGORITHMS (kept literal here so that the CLI starts without numpy; a test
-# checks the two agree).
-ITERATION_ALGORITHMS = ["ring", "bidirectional-ring", "direct", "halving-doubling", "double-binary-tree",
-                        "hierarchical", "hierarchical-bidirectional"]
+ITERATION_ALGORITHMS = list(ALGORITHMS)  # --algorithm of `mlopt simulate`
+
+
+def _click_option(option: CommandOption) -> Callable:
+    """The click option of a declared `mlopt plan` option (mlopt.planners.options.CommandOption), so that the
+    command line and the sweep, which checks a spec with the declaration, accept the same values."""
+    common = {"help": option.help or None, "required": option.required, "show_default": option.show_default}
+    if option.type == "flag":
+        return click.option(f"--{option.name}", is_flag=True, help=option.help or None)
+    if option.type == "int":
+        kind: Any = click.IntRange(min=option.min, max=option.max) if (option.min, option.max) != (None, None) \
+            else int
+    elif option.type == "float":
+        kind = FiniteFloatRange(min=option.min, max=option.max, min_open=option.min_open)
+    elif option.type == "choice":
+        kind = click.Choice(list(option.choices))
+    else:
+        kind = click.Path() if option.type == "path" else None
+    return click.option(f"--{option.name}", type=kind, default=option.default, multiple=option.multiple, **common)
+
+
+def _click_options(options: Sequence[CommandOption]) -> list[Callable]:
+    return [_click_option(o) for o in options]
+
+
+def _apply(decorators: list[Callable], func: Callable) -> Callable:
+    for decorator in reversed(decorators):
+        func = decorator(func)
+    return func
 
 
 def topology_options(func: Callable) -> Callable:
     """Options for reading a topology: presets need none; TACCL node profiles may need all three."""
-    func = click.option("--nodes", type=click.IntRange(min=1), default=None,
-                        help="Replicate a one-node profile (TACCL topology file) over this many nodes.")(func)
-    func = click.option("--chunk-size", "chunk_size", default=None,
-                        help="TACCL profile chunk size (e.g. 1MB) when the profile name lacks it.")(func)
-    func = click.option("--time-unit-us", type=FiniteFloatRange(min=0, min_open=True), default=1.0, show_default=True,
-                        help="Microseconds per unit of a TACCL profile's scaled costs.")(func)
-    return func
+    return _apply(_click_options(TOPOLOGY_COMMAND_OPTIONS), func)
 
 
-def _topology_options(nodes: int | None, chunk_size: str | None, time_unit_us: float):
-    from mlopt.formats.loaders import TopologyOptions
-
-    from mlopt.formats.sizes import parse_size
-
-    return TopologyOptions(nodes, parse_size(chunk_size, "--chunk-size") if chunk_size else None, time_unit_us)
+def _topology_options(nodes: int | None, chunk_size: str | None, time_unit_us: float) -> TopologyOptions:
+    return topology_options_from_args({"nodes": nodes, "chunk-size": chunk_size, "time-unit-us": time_unit_us})
 
 
 def _check_and_output_options(output_required: bool, what: str) -> list[Callable]:
@@ -89,58 +143,31 @@ def _check_and_output_options(output_required: bool, what: str) -> list[Callable
     ]
 
 
+JSON_OPTION = click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary on stdout.")
+
+
 def planner_options(func: Callable, output_required: bool = True) -> Callable:
     """The knobs every planner shares, mirroring mlopt.planners.options.PlannerOptions one to one."""
-    decorators = [
-        *_check_and_output_options(output_required, "the plan(s)"),
-        click.option("--solver", type=click.Choice(["auto", "highs", "cbc", "gurobi"]), default="auto",
-                     show_default=True, help="MILP backend (auto: gurobi with a full licence, else highs)."),
-        click.option("--time-limit", "time_limit_s", type=FiniteFloatRange(min=0, min_open=True), default=None,
-                     help="Seconds per solve; the best plan found is returned with its gap."),
-        click.option("--node-limit", type=click.IntRange(min=1), default=None,
-                     help="Branch-and-bound nodes per solve: a limit that gives the same plan on every run."),
-        click.option("--mip-gap", type=FiniteFloatRange(min=0), default=1e-4, show_default=True,
-                     help="Relative gap at which a MILP counts as solved."),
-        click.option("--threads", type=click.IntRange(min=1), default=1, show_default=True,
-                     help="Solver threads (1 keeps runs reproducible)."),
-        click.option("--seed", type=int, default=0, show_default=True, help="Solver and heuristic seed."),
-        click.option("--dump-model", type=click.Path(), default=None, help="Write the MILP as MPS for offline re-solves."),
-        click.option("--record-wall-time", is_flag=True, help="Record the wall time in the plan (breaks byte-identity)."),
-        click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary on stdout."),
-    ]
-    for decorator in reversed(decorators):
-        func = decorator(func)
-    return func
+    return _apply([*_check_and_output_options(output_required, "the plan(s)"),
+                   *_click_options(PLANNER_COMMAND_OPTIONS), JSON_OPTION], func)
 
 
-def solverless_planner_options(func: Callable) -> Callable:
-    """The shared knobs of a planner without a MILP (its own algorithm is exact or heuristic): output, seed,
-    wall time, JSON; the solver knobs stay at PlannerOptions' defaults."""
-    decorators = [
-        *_check_and_output_options(True, "the plan"),
-        click.option("--seed", type=int, default=0, show_default=True, help="Heuristic seed."),
-        click.option("--record-wall-time", is_flag=True, help="Record the wall time in the plan (breaks byte-identity)."),
-        click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary on stdout."),
-    ]
-    for decorator in reversed(decorators):
-        func = decorator(func)
-    return func
+def kind_options(kind_name: str) -> Callable[[Callable], Callable]:
+    """Every option of `mlopt plan KIND` as its kind declares it (mlopt.planners.<kind>.kind), then -o, --check,
+    --resolve, --strict-version, the shared knobs and --json."""
+    kind = planner_kind(kind_name)
+    what = "the plan(s)" if kind.shared_options == PLANNER_COMMAND_OPTIONS else "the plan"
+
+    def decorate(func: Callable) -> Callable:
+        return _apply([*_click_options(kind.command_options), *_check_and_output_options(True, what),
+                       *_click_options(kind.shared_options), JSON_OPTION], func)
+
+    return decorate
 
 
-def _planner_options_from(kwargs: dict[str, Any]):
-    from mlopt.planners.options import PlannerOptions
-
-    if kwargs.get("dump_model"):  # written inside a solve: an unwritable path must fail before any work
-        from mlopt.formats.io import probe_output_path
-
-        probe_output_path(kwargs["dump_model"])
-    defaults = PlannerOptions()
-    return PlannerOptions(
-        solver=kwargs.get("solver", defaults.solver), time_limit_s=kwargs.get("time_limit_s", defaults.time_limit_s),
-        node_limit=kwargs.get("node_limit", defaults.node_limit),
-        mip_gap=kwargs.get("mip_gap", defaults.mip_gap), threads=kwargs.get("threads", defaults.threads),
-        seed=kwargs["seed"], dump_model=kwargs.get("dump_model"), record_wall_time=kwargs["record_wall_time"],
-    )
+def _args_of(params: dict[str, Any]) -> dict[str, Any]:
+    """click's parameters -> the options by flag name (`budget_ratio` -> `budget-ratio`), as kinds take them."""
+    return {name.replace("_", "-"): value for name, value in params.items()}
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
@@ -164,7 +191,6 @@ def _progress(ctx: click.Context, title: str) -> Iterator[Callable[[str], None]]
     if (ctx.obj or {}).get("verbose", 1) < 1 or not sys.stderr.isatty():
         yield lambda message: None
         return
-    from rich.console import Console
 
     with Console(stderr=True).status(title) as status:
         yield lambda message: status.update(f"{title}: {message}")
@@ -176,8 +202,6 @@ def _progress_bar(ctx: click.Context, title: str) -> Iterator[Callable[[int, int
     if (ctx.obj or {}).get("verbose", 1) < 1 or not sys.stderr.isatty():
         yield lambda done, total, what: None
         return
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   TextColumn("{task.fields[what]}"), console=Console(stderr=True), transient=True) as bar:
@@ -202,8 +226,6 @@ STRICT_OPTION = click.option(
 def _check_recorded_inputs(paths, given: dict[str, str | None], strict: bool) -> None:
     """Each plan or index among `paths` against the inputs given now: a warning per input whose bytes differ
     from those it was made for; an InputError (exit 2) with --strict."""
-    from mlopt.formats.staleness import changed_inputs
-
     for path in paths:
         for field, line in changed_inputs(path, given):
             if strict:
@@ -215,9 +237,6 @@ def _validate_plans(files, model_path: str | None, topology_spec: str | None) ->
     """What `mlopt validate FILES --model --topology` checks, before anything is simulated: an MSCCL-EF
     program must prove its collective (no deadlock, offsets in range), a plan must replay against its trace;
     a plan index stands for the plans it lists."""
-    from mlopt.formats.loaders import load_any
-    from mlopt.validate import validate_file
-
     for path in files:
         if str(path).endswith((".json", ".json.gz")) and load_any(path).kind == "plan-index":
             folder = Path(path).parent
@@ -238,9 +257,6 @@ def _validate_plans(files, model_path: str | None, topology_spec: str | None) ->
 @click.option("--all-links", is_flag=True, help="List every link, not one row per link class.")
 def show(spec: str, nodes, chunk_size, time_unit_us, as_json: bool, all_links: bool) -> None:
     """Human-readable tables of a topology (file or preset such as ndv2x2), trace, sketch or plan."""
-    from mlopt.formats import show as show_module
-    from mlopt.formats.loaders import load_any
-
     loaded = load_any(spec, _topology_options(nodes, chunk_size, time_unit_us))
     if as_json:
         _print_json(show_module.as_dict(loaded))
@@ -258,8 +274,6 @@ def show(spec: str, nodes, chunk_size, time_unit_us, as_json: bool, all_links: b
 def validate(ctx: click.Context, files: tuple[str, ...], model_path, topology_spec, as_json: bool,
              strict: bool) -> None:
     """Check files without a solver: format, schema, references; plans by replaying them."""
-    from mlopt.validate import validate_file
-
     results = []
     for f in files:
         results.append(validate_file(f, model_path, topology_spec))
@@ -301,9 +315,6 @@ def trace(ctx: click.Context, source: str, output: str, kineto, rank, step_scope
     SOURCE is a PyTorch ET file (JSON, optionally gzipped) or a model such as torchvision:resnet50 or
     mypkg.models:build (any importable callable returning an nn.Module; needs the `torch` extra).
     """
-    from mlopt.formats.trace import save_trace
-    from mlopt.trace_sources import make_trace
-
     with _progress(ctx, f"tracing {source}") as progress:
         result = make_trace(source, kineto=kineto, rank=rank, step_scope=step_scope, batch=batch, input_shape=input_shape,
                             optimizer=optimizer, repeats=repeats, seed=seed, name=name,
@@ -331,10 +342,7 @@ def _check_or_write(ctx: click.Context, kind: str, kwargs: dict[str, Any], input
     folder; print the verdict and exit 0 (current) or 1 (stale), writing nothing. False without --check."""
     if kwargs.get("check_path") is None:
         return False
-    import tempfile
 
-    from mlopt import plan_check
-    from mlopt.formats import staleness as st
 
     if ctx.params.get("sweep_text"):
         raise click.UsageError("--check takes one plan: check the plans of a --sweep one by one")
@@ -389,18 +397,16 @@ def plan(ctx: click.Context, model_path, topology_spec, nodes, chunk_size, time_
         return
     if model_path is None or (kwargs["output"] is None and kwargs["check_path"] is None):
         raise click.UsageError("give --model TRACE and -o DIR (or --check DIR, or a planner subcommand)")
-    from mlopt.formats.loaders import load_trace_any, resolve_topology
-    from mlopt.planners.umbrella import plan_all
 
     trace_obj = load_trace_any(model_path)
     topology = resolve_topology(topology_spec, _topology_options(nodes, chunk_size, time_unit_us)) if topology_spec else None
     inputs = {"model": model_path, "topology": topology_spec}
-    if _check_or_write(ctx, "index", kwargs, inputs, _planner_options_from(kwargs)):
+    planner_options = planner_options_from_args(_args_of(kwargs))
+    if _check_or_write(ctx, "index", kwargs, inputs, planner_options):
         return
-    from mlopt.formats.io import staged_folder
 
     with staged_folder(kwargs["output"]) as scratch:  # every plan and the index, or nothing
-        index = plan_all(trace_obj, topology, _planner_options_from(kwargs), scratch, inputs=inputs)
+        index = plan_all(trace_obj, topology, planner_options, scratch, inputs=inputs)
     if kwargs["as_json"]:
         _print_json(index)
         return
@@ -411,245 +417,129 @@ def plan(ctx: click.Context, model_path, topology_spec, nodes, chunk_size, time_
     _say(ctx, f"wrote {Path(kwargs['output']) / 'index.json'}")
 
 
-@plan.command("collective")
-@click.option("--topology", "topology_spec", required=True, help="Topology preset or file (ndv2x2, dgx2x2, ...).")
-@topology_options
-@click.option("--collective", required=True,
-              type=click.Choice(["allgather", "reducescatter", "allreduce", "alltoall", "broadcast", "reduce"]))
-@click.option("--size", "size_text", required=True,
-              help="Buffer size, nccl-tests' convention: output per rank (allgather, alltoall), the buffer "
-                   "(allreduce), input per rank (reducescatter). E.g. 1GiB.")
-@click.option("--sketch", "sketch_paths", multiple=True,
-              help="TACCL communication sketch JSON (repeatable; implies --algorithm taccl).")
-@click.option("--algorithm", type=click.Choice(["auto", "taccl", "ring", "tree", "direct", "hierarchical", "trees"]),
-              default="auto", show_default=True, help="auto: every applicable family, best simulated time wins.")
-@click.option("--instances", type=click.IntRange(1, 32), default=1, show_default=True,
-              help="Copies of the program over sub-chunks, each on its own channels.")
-@click.option("--proto", type=click.Choice(["Simple", "LL", "LL128"]), default="Simple", show_default=True)
-@click.option("--xml-dialect", type=click.Choice(["executor", "legacy"]), default="executor", show_default=True,
-              help="executor: the current MSCCL executor's strict dialect; legacy: the older msccl runtime.")
-@click.option("--root", type=click.IntRange(min=0), default=0, show_default=True, help="Root of broadcast/reduce.")
-@planner_options
-@click.pass_context
-def plan_collective_cmd(ctx: click.Context, topology_spec, nodes, chunk_size, time_unit_us, collective, size_text,
-                        sketch_paths, algorithm, instances, proto, xml_dialect, root, **kwargs) -> None:
-    """Synthesize a collective algorithm as MSCCL-EF XML (-o ag.xml) plus a JSON sidecar (ag.json)."""
-    from mlopt.formats.importers.taccl import import_taccl_sketch
-    from mlopt.formats.io import read_document
-    from mlopt.formats.loaders import resolve_topology
-    from mlopt.formats.sizes import parse_size
-    from mlopt.planners.collective.output import write_collective_plan
-    from mlopt.planners.collective.planner import CollectiveOptions, plan_collective
-
-    topology = resolve_topology(topology_spec, _topology_options(nodes, chunk_size, time_unit_us))
-    sketches = [(import_taccl_sketch(read_document(p), p), p) for p in sketch_paths]
-    if sketches and algorithm == "auto":
-        algorithm = "taccl"
-    copts = CollectiveOptions(collective, parse_size(size_text), algorithm, instances, proto, xml_dialect, root)
-    options = _planner_options_from(kwargs)
-    inputs = {"topology": topology_spec, **{f"sketch{i}": p for i, p in enumerate(sketch_paths)}}
-    if _check_or_write(ctx, "collective", kwargs, inputs, options, vars(copts)):
-        return
-    with _progress(ctx, f"planning {collective} on {topology.name}") as progress:
-        result = plan_collective(topology, copts, options, inputs=inputs, sketches=sketches, progress=progress)
-    xml_path, sidecar = write_collective_plan(result, kwargs["output"], copts, options)
-    summary = {**result.plan.summary(), "xml": str(xml_path), "sidecar": str(sidecar),
-               "algorithm": result.plan.payload["algorithm"], "ratio_to_bound": result.plan.payload["ratio_to_bound"]}
-    if kwargs["as_json"]:
-        _print_json(summary)
-        return
-    p = result.plan.payload
-    _say(ctx, f"{p['algorithm']}: {p['predicted_time_us']:.1f} us ({p['algbw_GBps']:.2f} GB/s algbw), "
-              f"{p['ratio_to_bound']:.2f}x the lower bound {p['lower_bound']['time_us']:.1f} us "
-              f"({result.plan.status.value}); wrote {xml_path} and {sidecar}")
+# The options every `mlopt plan KIND` has that are the command line's own, not the planner's (its output, the
+# --check family, --json); the rest are the kind's (mlopt.planners.<kind>.kind.COMMAND_OPTIONS and the shared).
+_CLI_ONLY = ("check_path", "resolve", "strict_version", "output", "as_json")
 
 
-@plan.command("threads")
-@click.option("--model", "model_path", required=True, help="Trace to plan for (mlopt trace or PyTorch ET).")
-@click.option("--nodes", type=click.IntRange(min=1), required=True, help="Data-parallel workers (N).")
-@click.option("--contention", "contention_path", default=None,
-              help="Samples from `mlopt profile contention` to fit the contention model (default: documented "
-                   "defaults).")
-@click.option("--threads", "threads_text", default="128,256,512,1024,2048,4096", show_default=True,
-              help="Communication thread counts to choose from (R).")
-@click.option("--max-groups", type=click.IntRange(min=1), default=10, show_default=True, help="Most fusion groups (K).")
-@click.option("--chunks", type=click.IntRange(min=1), default=150, show_default=True,
-              help="Computation chunks of the DP grid (Z); the plan is within 1 + (K-1)/Z of the best.")
-@click.option("--algorithm", type=click.Choice(["libra", "libra-m", "ddp", "horovod", "mg-wfbp", "single"]),
-              default="libra", show_default=True,
-              help="libra: fusion and threads co-optimised; libra-m: threads only on MG-WFBP's fusion; the rest "
-                   "are fusion baselines at --default-threads.")
-@click.option("--alpha-us", type=FiniteFloatRange(min=0), default=5.0, show_default=True,
-              help="Per-step latency of the all-reduce (ring: a = 2(N-1) alpha).")
-@click.option("--allreduce", type=click.Choice(["ring", "tree", "halving_doubling"]), default="ring",
-              show_default=True, help="All-reduce cost model (eq. 3-4).")
-@click.option("--default-threads", type=click.IntRange(min=1), default=512, show_default=True,
-              help="Threads of the baselines that do not choose them (NCCL_NTHREADS).")
-@solverless_planner_options
-@click.pass_context
-def plan_threads_cmd(ctx: click.Context, model_path, nodes, contention_path, threads_text, max_groups, chunks,
-                     algorithm, alpha_us, allreduce, default_threads, **kwargs) -> None:
-    """Communication threads per fusion group (LIBRA); -o threads.plan.json (+ .nccl-tuner.csv beside it)."""
-    from mlopt.formats.loaders import load_trace_any
-    from mlopt.planners.threads.from_trace import plan_to_files, tuner_file_for
-    from mlopt.planners.threads.planner import ThreadsOptions
+def _plan_kind(ctx: click.Context, kind_name: str, params: dict[str, Any],
+               summary: Callable[[PlannedFiles, str, dict[str, Any]], tuple[dict[str, Any], str]]) -> None:
+    """`mlopt plan KIND`: click's parameters -> the kind's options by flag name -> its PlanRequest; then --check
+    or the plan written at -o, and the summary (`summary`: (JSON summary, one line) of what was written)."""
+    own = {name: params.pop(name) for name in _CLI_ONLY}
+    args = _args_of(params)
+    request = planner_kind(kind_name).request(args)
+    for notice in request.notices:
+        _say(ctx, notice)
+    if _check_or_write(ctx, kind_name, own, request.inputs, request.planner_options, request.specific):
+        return
+    with _progress(ctx, request.title) as progress:
+        planned = request.write(Path(own["output"]), progress)
+    as_json, line = summary(planned, own["output"], args)
+    if own["as_json"]:
+        _print_json(as_json)
+    else:
+        _say(ctx, line)
 
-    try:
-        thread_set = tuple(int(x) for x in threads_text.split(",") if x.strip())
-    except ValueError:
-        raise click.BadParameter(f"{threads_text!r}: expected thread counts like 128,256,512",
-                                 param_hint="--threads") from None
-    if not thread_set:
-        raise click.BadParameter("the thread set is empty", param_hint="--threads")
-    if not all(1 <= r <= MAX_THREADS for r in thread_set):
-        raise click.BadParameter(f"{threads_text!r}: thread counts run from 1 to {MAX_THREADS}", param_hint="--threads")
-    options = ThreadsOptions(nodes, algorithm, thread_set, max_groups, chunks, alpha_us, allreduce, default_threads)
-    planner_options = _planner_options_from(kwargs)
-    inputs = {"model": model_path, "contention": contention_path}
-    if _check_or_write(ctx, "threads", kwargs, inputs, planner_options, vars(options)):
-        return
-    with _progress(ctx, f"planning threads for {model_path}"):
-        plan = plan_to_files(load_trace_any(model_path), model_path, options, planner_options, kwargs["output"],
-                             inputs, contention_path)
-    if kwargs.get("as_json"):
-        _print_json({**plan.summary(), "file": kwargs["output"]})
-        return
-    payload = plan.payload
+
+def _collective_summary(planned: PlannedFiles, output: str, args: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    xml_path, sidecar = planned.files
+    plan_obj, p = planned.plan, planned.plan.payload
+    summary = {**plan_obj.summary(), "xml": str(xml_path), "sidecar": str(sidecar), "algorithm": p["algorithm"],
+               "ratio_to_bound": p["ratio_to_bound"]}
+    return summary, (f"{p['algorithm']}: {p['predicted_time_us']:.1f} us ({p['algbw_GBps']:.2f} GB/s algbw), "
+                     f"{p['ratio_to_bound']:.2f}x the lower bound {p['lower_bound']['time_us']:.1f} us "
+                     f"({plan_obj.status.value}); wrote {xml_path} and {sidecar}")
+
+
+def _threads_summary(planned: PlannedFiles, output: str, args: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    plan_obj, payload = planned.plan, planned.plan.payload
     baseline = ", ".join(f"{k} {v:.0f}" for k, v in payload["baselines"].items())
-    _say(ctx, f"threads: {len(payload['groups'])} groups, backward {plan.objective:.0f} us "
-              f"({plan.status.value}); baselines (us): {baseline}; wrote {kwargs['output']} and "
-              f"{tuner_file_for(kwargs['output'])}")
+    return {**plan_obj.summary(), "file": output}, (
+        f"threads: {len(payload['groups'])} groups, backward {plan_obj.objective:.0f} us ({plan_obj.status.value}); "
+        f"baselines (us): {baseline}; wrote {output} and {planned.files[0]}")
 
 
-@plan.command("schedule")
-@click.option("--model", "model_path", required=True, help="Trace to plan for (mlopt trace or PyTorch ET).")
-@click.option("--topology", "topology_spec", required=True, help="Topology preset or file (its link classes are "
-                                                                  "the channels).")
-@topology_options
-@click.option("--algorithm", type=click.Choice(["syndicate", "fifo", "lifo", "hand", "exec-only", "sched-only"]),
-              default="syndicate", show_default=True,
-              help="syndicate: MCMC over execution plans costed by optSched; fifo: PyTorch's default; lifo: LIFO "
-                   "with the segment oracle (ByteScheduler+); hand: the comm-op needed soonest first; "
-                   "exec-only, sched-only: one half of Syndicate.")
-@click.option("--budget-s", type=FiniteFloatRange(min=0, min_open=True), default=60.0, show_default=True,
-              help="Wall-clock cap of each search.")
-@click.option("--max-steps", type=click.IntRange(min=1), default=2000, show_default=True,
-              help="Proposals per search (a deterministic stop; the plan says which stop ended it).")
-@click.option("--mode", type=click.Choice(["unaware", "aware", "fifo"]), default="unaware", show_default=True,
-              help="Network mode the motifs are timed in.")
-@click.option("--iterations", type=click.IntRange(min=1), default=2, show_default=True,
-              help="Training iterations unrolled (2 allows cross-iteration moves such as prefetching).")
-@click.option("--cost-table", "cost_table", default=None,
-              help="Measured collective times (CSV: collective,ranks,bytes,channel,time_us; PARAM's role) used "
-                   "instead of alpha-beta where they cover a motif.")
-@solverless_planner_options
-@click.pass_context
-def plan_schedule_cmd(ctx: click.Context, model_path, topology_spec, nodes, chunk_size, time_unit_us, algorithm,
-                      budget_s, max_steps, mode, iterations, cost_table, **kwargs) -> None:
-    """Comm-op scheduling and execution plans (Syndicate), first version; -o schedule.plan.json."""
-    from mlopt.formats.loaders import load_trace_any, resolve_topology
-    from mlopt.planners.schedule.from_trace import plan_to_file
-    from mlopt.planners.schedule.planner import ScheduleOptions
-
-    topology = resolve_topology(topology_spec, _topology_options(nodes, chunk_size, time_unit_us))
-    trace = load_trace_any(model_path)
-    options = ScheduleOptions(algorithm, budget_s, max_steps, mode, iterations, cost_table)
-    if not any(op.role == "comm" or op.comm is not None for op in trace.ops):
-        _say(ctx, f"{model_path}: the trace has no comm-ops: the plan is the trivial one (compute in issue order)")
-    planner_options = _planner_options_from(kwargs)
-    if _check_or_write(ctx, "schedule", kwargs, {"model": model_path, "topology": topology_spec,
-                                                 "cost_table": cost_table}, planner_options, vars(options)):
-        return
-    with _progress(ctx, f"planning the schedule of {model_path} on {topology.name}"):
-        plan = plan_to_file(trace, model_path, topology, options, planner_options, kwargs["output"],
-                            {"model": model_path, "topology": topology_spec})
-    if kwargs.get("as_json"):
-        _print_json({**plan.summary(), "file": kwargs["output"]})
-        return
-    systems = ", ".join(f"{k} {v:.0f}" for k, v in plan.payload["systems"].items())
-    _say(ctx, f"schedule: iteration {plan.payload['predicted']['iteration_us']:.0f} us ({algorithm}); "
-              f"systems (us per iteration): {systems}; "
-              f"wrote {kwargs['output']}")
+def _schedule_summary(planned: PlannedFiles, output: str, args: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    payload = planned.plan.payload
+    systems = ", ".join(f"{k} {v:.0f}" for k, v in payload["systems"].items())
+    return {**planned.plan.summary(), "file": output}, (
+        f"schedule: iteration {payload['predicted']['iteration_us']:.0f} us ({args['algorithm']}); "
+        f"systems (us per iteration): {systems}; wrote {output}")
 
 
-@plan.command("memory")
-@click.option("--model", "model_path", required=True, help="Trace to plan for (mlopt trace or PyTorch ET).")
-@click.option("--budget", "budget_text", default=None, help="Memory budget, e.g. 6GiB (tensors + workspace).")
-@click.option("--budget-ratio", type=FiniteFloatRange(min=0, min_open=True), default=None,
-              help="Budget as a fraction of the store-all (PyTorch default) peak, e.g. 0.4.")
-@click.option("--ops", "ops_path", default=None, help="Operator implementations profile (mlopt-op-profile JSON).")
-@click.option("--algorithm", type=click.Choice(["monet", "checkpoint-only", "sqrt", "store-all", "greedy"]),
-              default="monet", show_default=True,
-              help="monet: joint checkpointing + implementations ILP; checkpoint-only: the same ILP without "
-                   "implementation choice (Checkmate-style); sqrt, store-all, greedy: baselines.")
-@click.option("--sweep", "sweep_text", default=None,
-              help="Budget ratios, e.g. 0.3,0.4,...,1.0: one plan each, a table and a PNG in the -o folder.")
-@click.option("--search-share", type=FiniteFloatRange(min=0, max=1), default=0.5, show_default=True,
-              help="Share of each ILP's --time-limit kept for large-neighbourhood search when branch and bound "
-                   "has not proved its plan optimal by then (0: off).")
-@planner_options
-@click.pass_context
-def plan_memory_cmd(ctx: click.Context, model_path, budget_text, budget_ratio, ops_path, algorithm, sweep_text,
-                    search_share, **kwargs) -> None:
-    """Checkpointing and operator implementations under a memory budget (MONeT); -o memory.plan.json."""
-    from mlopt.formats.io import read_document, write_json
-    from mlopt.formats.loaders import load_trace_any
-    from mlopt.formats.sizes import format_size, parse_size
-    from mlopt.planners.memory.build import build_problem
-    from mlopt.planners.memory.planner import MemoryOptions, plan_memory
-
-    given = sum(x is not None for x in (budget_text, budget_ratio, sweep_text))
-    if given != 1:
-        raise click.UsageError("give exactly one of --budget, --budget-ratio and --sweep")
-    profile = read_document(ops_path) if ops_path else None
-    budget = parse_size(budget_text, "--budget") if budget_text else None
-    options = _planner_options_from(kwargs)
-    inputs = {"model": model_path, "ops": ops_path}
-    if _check_or_write(ctx, "memory", kwargs, inputs, options,
-                       MemoryOptions(algorithm, budget, budget_ratio, search_share=search_share).to_dict()):
-        return
-    with _progress(ctx, f"planning memory for {model_path}") as progress:
-        problem = build_problem(load_trace_any(model_path), profile, source=ops_path or model_path)
-        for warning in problem.warnings:
-            warnings.warn(warning)
-        memory_options = MemoryOptions(algorithm, budget, budget_ratio, profile, search_share)
-        if sweep_text is not None:
-            _memory_sweep(ctx, problem, sweep_text, memory_options, options, Path(kwargs["output"]), inputs,
-                          kwargs["as_json"], progress)
-            return
-        result = plan_memory(problem, memory_options, options, inputs, progress)
-    write_json(kwargs["output"], result.plan.to_dict(options.record_wall_time))
-    payload, plan_obj = result.plan.payload, result.plan
+def _memory_summary(planned: PlannedFiles, output: str, args: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    plan_obj, payload = planned.plan, planned.plan.payload
     predicted = payload["predicted"]
-    if kwargs["as_json"]:
-        _print_json({**plan_obj.summary(), "file": kwargs["output"], "budget_bytes": payload["budget_bytes"],
-                     **predicted})
-        return
+    summary = {**plan_obj.summary(), "file": output, "budget_bytes": payload["budget_bytes"], **predicted}
     gap = f", gap {plan_obj.gap * 100:.2f}%" if plan_obj.gap is not None else ""
     vs_least = predicted.get("compute_overhead_vs_least")
     least = (f", {vs_least * 100:+.1f}% over the fastest implementations"
              if vs_least is not None and abs(vs_least - predicted["compute_overhead"]) >= 5e-4 else "")
-    _say(ctx, f"{algorithm}: peak {format_size(predicted['peak_bytes'])} <= budget {format_size(payload['budget_bytes'])} "
-              f"({predicted['memory_ratio']:.2f}x store-all {format_size(payload['store_all']['peak_bytes'])}), "
-              f"compute {predicted['compute_overhead'] * 100:+.1f}%{least} ({plan_obj.status.value}{gap}); "
-              f"wrote {kwargs['output']}")
+    return summary, (
+        f"{args['algorithm']}: peak {format_size(predicted['peak_bytes'])} <= budget "
+        f"{format_size(payload['budget_bytes'])} ({predicted['memory_ratio']:.2f}x store-all "
+        f"{format_size(payload['store_all']['peak_bytes'])}), compute {predicted['compute_overhead'] * 100:+.1f}%"
+        f"{least} ({plan_obj.status.value}{gap}); wrote {output}")
+
+
+@plan.command("collective")
+@kind_options("collective")
+@click.pass_context
+def plan_collective_cmd(ctx: click.Context, **params) -> None:
+    """Synthesize a collective algorithm as MSCCL-EF XML (-o ag.xml) plus a JSON sidecar (ag.json)."""
+    _plan_kind(ctx, "collective", params, _collective_summary)
+
+
+@plan.command("threads")
+@kind_options("threads")
+@click.pass_context
+def plan_threads_cmd(ctx: click.Context, **params) -> None:
+    """Communication threads per fusion group (LIBRA); -o threads.plan.json (+ .nccl-tuner.csv beside it)."""
+    _plan_kind(ctx, "threads", params, _threads_summary)
+
+
+@plan.command("schedule")
+@kind_options("schedule")
+@click.pass_context
+def plan_schedule_cmd(ctx: click.Context, **params) -> None:
+    """Comm-op scheduling and execution plans (Syndicate), first version; -o schedule.plan.json."""
+    _plan_kind(ctx, "schedule", params, _schedule_summary)
+
+
+@plan.command("memory")
+@kind_options("memory")
+@click.option("--sweep", "sweep_text", default=None,
+              help="Budget ratios, e.g. 0.3,0.4,...,1.0: one plan each, a table and a PNG in the -o folder.")
+@click.pass_context
+def plan_memory_cmd(ctx: click.Context, sweep_text: str | None, **params) -> None:
+    """Checkpointing and operator implementations under a memory budget (MONeT); -o memory.plan.json."""
+    given = sum(x is not None for x in (params["budget"], params["budget_ratio"], sweep_text))
+    if given != 1:
+        raise click.UsageError("give exactly one of --budget, --budget-ratio and --sweep")
+    if sweep_text is None:
+        _plan_kind(ctx, "memory", params, _memory_summary)
+        return
+    if params["check_path"] is not None:
+        raise click.UsageError("--check takes one plan: check the plans of a --sweep one by one")
+    setup = memory_kind.memory_setup(command_args(planner_kind("memory").all_command_options,
+                                                  _args_of({k: v for k, v in params.items() if k not in _CLI_ONLY}),
+                                                  "mlopt plan memory"))
+    with _progress(ctx, f"planning memory for {setup.model_path}") as progress:
+        _memory_sweep(ctx, memory_kind.load_problem(setup), sweep_text, setup.memory_options, setup.planner_options,
+                      Path(params["output"]), setup.inputs, params["as_json"], progress)
 
 
 def _memory_sweep(ctx, problem, sweep_text, memory_options, options, out_dir, inputs, as_json, progress) -> None:
-    from mlopt.planners.memory.sweep import parse_ratios, run_sweep
 
-    from mlopt.formats.io import staged_folder
 
-    ratios = parse_ratios(sweep_text)
+    ratios = memory_sweep.parse_ratios(sweep_text)
     with staged_folder(out_dir) as scratch:  # the plans, sweep.json and sweep.png, or nothing
-        rows = run_sweep(problem, ratios, memory_options, options, scratch, inputs, progress)
+        rows = memory_sweep.run_sweep(problem, ratios, memory_options, options, scratch, inputs, progress)
     if as_json:
         _print_json(rows)
         return
-    from rich.table import Table
 
-    from mlopt.formats.show import stdout_console
-    from mlopt.formats.sizes import format_size
 
     table = Table("budget ratio", "status", "peak", "x store-all", "compute overhead", "gap", "solve s", "plan",
                   title=f"{problem.name}: {memory_options.algorithm}")
@@ -664,13 +554,43 @@ def _memory_sweep(ctx, problem, sweep_text, memory_options, options, out_dir, in
     _say(ctx, f"wrote {out_dir / 'sweep.json'} and {out_dir / 'sweep.png'}")
 
 
+@dataclass(frozen=True)
+class SimulateOptions:
+    """Every option of `mlopt simulate` (docs/simulate.md), one field per flag of the same name (--json: as_json)."""
+    files: tuple[str, ...] = ()  # FILES: plans to apply (iteration), MSCCL-EF XML to time, or memory plans to replay
+    topology: str | None = None  # --topology: preset or file (iteration, collective algorithms)
+    nodes: int | None = None  # --nodes: replicate a one-node TACCL profile over this many nodes
+    chunk_size: str | None = None  # --chunk-size: TACCL profile chunk size when the profile name lacks it
+    time_unit_us: float = 1.0  # --time-unit-us: microseconds per unit of a TACCL profile's scaled costs
+    model: str | None = None  # --model: trace (iteration with --topology; alone: replay memory plans)
+    workload: str | None = None  # --workload: synthetic workload spec instead of a trace (dp:ranks=...,...)
+    algorithm: str = "ring"  # --algorithm: iteration: algorithm of every collective no collective plan covers
+    mode: str = "unaware"  # --mode: iteration: unaware | aware | fifo network model
+    policy: str = "fifo"  # --policy: iteration: which ready collective a free channel takes (fifo | lifo)
+    channels: int = 1  # --channels: iteration: collectives in flight at once
+    splits: int = 1  # --splits: iteration: chunks each collective is cut into
+    iterations: int = 1  # --iterations: iteration: training iterations chained
+    dims: str | None = None  # --dims: iteration: dimensions of the hierarchical algorithm, e.g. 2x4x4
+    gantt: str | None = None  # --gantt: iteration: timeline PNG
+    exposed_plot: str | None = None  # --exposed-plot: iteration: exposed vs overlapped communication PNG
+    gantt_systems: str | None = None  # --gantt-systems: schedule plan: Gantt PNG of every compared system
+    size: str | None = None  # --size: collective algorithms: one buffer size (nccl-tests' convention)
+    sizes: str | None = None  # --sizes: collective algorithms: LO..HI (x4 steps) or a comma list
+    plot: str | None = None  # --plot: PNG of time vs size (collectives) or memory over the step (memory plans)
+    as_json: bool = False  # --json: print the rows as JSON
+    strict: bool = False  # --strict: refuse plans whose recorded input hashes differ from the inputs given
+
+    def topology_options(self) -> TopologyOptions:
+        return _topology_options(self.nodes, self.chunk_size, self.time_unit_us)
+
+
 @cli.command()
 @click.argument("files", nargs=-1, required=False)
-@click.option("--topology", "topology_spec", default=None, help="Topology preset or file (collective algorithms).")
+@click.option("--topology", default=None, help="Topology preset or file (collective algorithms).")
 @topology_options
-@click.option("--model", "model_path", default=None,
+@click.option("--model", default=None,
               help="Trace: with --topology, simulate the training iteration (PLANS optional); alone, replay memory plans.")
-@click.option("--workload", "workload_spec", default=None,
+@click.option("--workload", default=None,
               help="Synthetic workload instead of a trace, e.g. dp:ranks=1024,layers=50,bytes=4MiB (also mp, hybrid, fsdp).")
 @click.option("--algorithm", type=click.Choice(ITERATION_ALGORITHMS), default="ring", show_default=True,
               help="Iteration: algorithm of every collective no collective plan covers.")
@@ -685,72 +605,66 @@ def _memory_sweep(ctx, problem, sweep_text, memory_options, options, out_dir, in
               help="Iteration: chunks each collective is cut into.")
 @click.option("--iterations", type=click.IntRange(min=1), default=1, show_default=True,
               help="Iteration: training iterations chained.")
-@click.option("--dims", "dims_text", default=None, help="Iteration: dimensions of the hierarchical algorithm, e.g. 2x4x4.")
-@click.option("--gantt", "gantt_path", type=click.Path(), default=None, help="Iteration: timeline PNG.")
-@click.option("--exposed-plot", "exposed_path", type=click.Path(), default=None,
+@click.option("--dims", default=None, help="Iteration: dimensions of the hierarchical algorithm, e.g. 2x4x4.")
+@click.option("--gantt", type=click.Path(), default=None, help="Iteration: timeline PNG.")
+@click.option("--exposed-plot", type=click.Path(), default=None,
               help="Iteration: exposed vs overlapped communication PNG.")
-@click.option("--gantt-systems", "gantt_systems_path", type=click.Path(), default=None,
+@click.option("--gantt-systems", type=click.Path(), default=None,
               help="Schedule plan (with --model, --topology): Gantt PNG of every compared system, one panel each "
                    "(optSched's replay), plus <stem>.<system>.png per system.")
-@click.option("--size", "size_text", default=None, help="One buffer size (nccl-tests' convention).")
-@click.option("--sizes", "sizes_text", default=None, help="Sizes: LO..HI (x4 steps) or a comma list, e.g. 1KiB..1GiB.")
-@click.option("--plot", "plot_path", type=click.Path(), default=None,
+@click.option("--size", default=None, help="One buffer size (nccl-tests' convention).")
+@click.option("--sizes", default=None, help="Sizes: LO..HI (x4 steps) or a comma list, e.g. 1KiB..1GiB.")
+@click.option("--plot", type=click.Path(), default=None,
               help="Write a PNG: time vs size (collectives) or memory over the step (memory plans).")
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
 @STRICT_OPTION
-def simulate(files, topology_spec, nodes, chunk_size, time_unit_us, model_path, workload_spec, algorithm, mode, policy,
-             channels, splits, iterations, dims_text, gantt_path, exposed_path, size_text, sizes_text, plot_path,
-             as_json, gantt_systems_path, strict) -> None:
+def simulate(**params) -> None:
     """Simulate a training iteration (--model or --workload, with --topology; plans optional), time MSCCL-EF
     algorithms under the alpha-beta model, or replay memory plans (memory over the step)."""
-    from mlopt.formats.loaders import resolve_topology
-    from mlopt.formats.sizes import parse_size, parse_size_range
-    from mlopt.sim.report import simulation_rows
+    run_simulate(SimulateOptions(**params))
 
-    if gantt_systems_path and (model_path is None or topology_spec is None):
+
+def run_simulate(o: SimulateOptions) -> None:
+    """`mlopt simulate` with its options: the iteration, memory plans replayed, or collective algorithms timed."""
+    if o.gantt_systems and (o.model is None or o.topology is None):
         raise click.UsageError("--gantt-systems draws a schedule plan's systems: give the plan with --model TRACE "
                                "and --topology")
-    _check_recorded_inputs(files or (), {"model": model_path, "topology": topology_spec}, strict)
-    if workload_spec is not None or (model_path is not None and topology_spec is not None):
-        from mlopt.sim.evaluate import EvaluateOptions
-
-        options = EvaluateOptions(algorithm=algorithm, mode=mode, policy=policy, channels=channels, splits=splits,
-                                  iterations=iterations, dims=_parse_dims(dims_text))
-        _simulate_iteration(files, topology_spec, _topology_options(nodes, chunk_size, time_unit_us), model_path,
-                            workload_spec, options, gantt_path, exposed_path, as_json, gantt_systems_path)
+    _check_recorded_inputs(o.files, {"model": o.model, "topology": o.topology}, o.strict)
+    if o.workload is not None or (o.model is not None and o.topology is not None):
+        options = EvaluateOptions(algorithm=o.algorithm, mode=o.mode, policy=o.policy, channels=o.channels,
+                                  splits=o.splits, iterations=o.iterations, dims=_parse_dims(o.dims))
+        _simulate_iteration(o.files, o.topology, o.topology_options(), o.model, o.workload, options, o.gantt,
+                            o.exposed_plot, o.as_json, o.gantt_systems)
         return
-    if not files:
+    if not o.files:
         raise click.UsageError("give FILES (MSCCL-EF XML or memory plans), or --model/--workload with --topology")
-    if _all_memory_plans(files):
-        _simulate_memory(files, model_path, plot_path, as_json)
+    if _all_memory_plans(o.files):
+        _simulate_memory(o.files, o.model, o.plot, o.as_json)
         return
-    if topology_spec is None:
-        raise click.UsageError("give --topology for collective algorithms")
-    if (size_text is None) == (sizes_text is None):
-        raise click.UsageError("give exactly one of --size and --sizes")
-    sizes = [parse_size(size_text)] if size_text is not None else parse_size_range(sizes_text)
-    topology = resolve_topology(topology_spec, _topology_options(nodes, chunk_size, time_unit_us))
-    _validate_plans(files, None, topology_spec)
-    rows = simulation_rows(list(files), topology, sizes)
-    if plot_path:
-        from mlopt.sim.plots import plot_size_sweep
+    _simulate_collectives(o)
 
-        _write_plots({plot_path: lambda p: plot_size_sweep(rows, p, title=f"{rows[0]['collective']} on "
-                                                                           f"{topology.name}")})
-    if as_json:
+
+def _simulate_collectives(o: SimulateOptions) -> None:
+    """MSCCL-EF algorithms timed under the alpha-beta model over --size or --sizes: a table, JSON, a plot."""
+    if o.topology is None:
+        raise click.UsageError("give --topology for collective algorithms")
+    if (o.size is None) == (o.sizes is None):
+        raise click.UsageError("give exactly one of --size and --sizes")
+    sizes = [parse_size(o.size)] if o.size is not None else parse_size_range(o.sizes)
+    topology = resolve_topology(o.topology, o.topology_options())
+    _validate_plans(o.files, None, o.topology)
+    rows = simulation_rows(list(o.files), topology, sizes)
+    if o.plot:
+        _write_plots({o.plot: lambda p: plot_size_sweep(rows, p, title=f"{rows[0]['collective']} on "
+                                                                        f"{topology.name}")})
+    if o.as_json:
         _print_json(rows)
         return
-    from rich.table import Table
-
-    from mlopt.formats.sizes import format_size
-
     table = Table("algorithm", "size", "time_us", "algbw GB/s", "busbw GB/s", "bound_us", "x bound",
                   title=f"simulated on {topology.name}")
     for r in rows:
         table.add_row(r["algorithm"], format_size(r["buffer_bytes"]), f"{r['time_us']:.1f}", f"{r['algbw_GBps']:.2f}",
                       f"{r['busbw_GBps']:.2f}", f"{r['bound_us']:.1f}", f"{r['time_us'] / r['bound_us']:.2f}")
-    from mlopt.formats.show import stdout_console
-
     stdout_console().print(table)
 
 
@@ -768,8 +682,6 @@ def _parse_dims(text: str | None) -> tuple[int, ...] | None:
 
 def _iteration_workload(model_path: str | None, workload_spec: str | None, iterations: int):
     """(workload, trace or None, source name) for the iteration simulator."""
-    from mlopt.sim import workload as wl
-
     if workload_spec is not None:
         if model_path is not None:
             raise click.UsageError("give one of --model and --workload")
@@ -780,7 +692,6 @@ def _iteration_workload(model_path: str | None, workload_spec: str | None, itera
         if iterations > 1 and spec.iterations > 1:
             raise click.UsageError("give the iterations once: in --workload (iterations=N) or as --iterations")
         return wl.chain(spec, iterations) if iterations > 1 else spec, None, "--workload"
-    from mlopt.formats.loaders import load_trace_any
 
     trace = load_trace_any(model_path)
     base = wl.from_trace(trace, source=model_path)
@@ -789,8 +700,6 @@ def _iteration_workload(model_path: str | None, workload_spec: str | None, itera
 
 def _simulated_kinds() -> dict[str, SimulationFacts]:
     """The plan kinds `mlopt simulate` applies, with how (their entries in mlopt.planners.registry)."""
-    from mlopt.planners.registry import planner_kinds
-
     return {k.name: k.simulation for k in planner_kinds() if k.simulation is not None}
 
 
@@ -835,9 +744,6 @@ def _apply_plans(iteration: SimulatedIteration, by_kind: dict[str, list[str]],
 
 def _simulate_iteration(files, topology_spec, topology_opts, model_path, workload_spec, options, gantt_path,
                         exposed_path, as_json, gantt_systems_path=None) -> None:
-    from mlopt.formats.loaders import resolve_topology
-    from mlopt.planners.protocol import SimulatedIteration
-    from mlopt.sim import evaluate as ev
 
     if topology_spec is None:
         raise click.UsageError("the iteration simulator needs --topology")
@@ -861,9 +767,6 @@ def _simulate_iteration(files, topology_spec, topology_opts, model_path, workloa
     _write_plots({gantt_path: lambda p: _plot("plot_gantt", report, p, title),
                   exposed_path: lambda p: _plot("plot_exposed", report, p, title)})
     if gantt_systems_path:
-        from mlopt.formats.plan import load_plan
-        from mlopt.planners.schedule.gantt import write_system_gantts
-
         write_system_gantts(schedules[0], load_plan(schedules[0]).payload, trace, topology, source,
                             gantt_systems_path, title=f"{title}: systems of {Path(schedules[0]).name}")
     if as_json:
@@ -876,16 +779,12 @@ FIGURE_SUFFIXES = ("", ".png", ".svg", ".pdf")  # what mlopt.sim.plots._save mak
 
 
 def _plot(function: str, report, path: Path, title: str) -> None:
-    from mlopt.sim import training_plots
-
     getattr(training_plots, function)(report, path, title=title)
 
 
 def _write_plots(plots: dict[str | None, Callable[[Path], Any]]) -> None:
     """Draw each requested figure (path -> drawing function; None paths are not requested) into a temporary
     file and install them together: a figure that fails leaves none of the others behind."""
-    from mlopt.formats.io import staged_files
-
     wanted = {path: draw for path, draw in plots.items() if path}
     if not wanted:
         return
@@ -899,10 +798,7 @@ def _write_plots(plots: dict[str | None, Callable[[Path], Any]]) -> None:
 
 
 def _print_iteration(report, title: str) -> None:
-    from rich.table import Table
 
-    from mlopt.formats.show import stdout_console
-    from mlopt.formats.sizes import format_size
 
     console = stdout_console()
     totals = Table("iteration us", "compute us", "communication us", "overlapped us", "exposed us", title=title)
@@ -923,8 +819,6 @@ def _print_iteration(report, title: str) -> None:
 
 def _all_memory_plans(files: tuple[str, ...]) -> bool:
     """True when every file is a memory plan (JSON with kind "memory"); other files go to the collective path."""
-    from mlopt.formats.loaders import load_any
-
     kinds = set()
     for f in files:
         if not f.endswith(".json"):
@@ -937,11 +831,6 @@ def _all_memory_plans(files: tuple[str, ...]) -> bool:
 
 
 def _simulate_memory(files: tuple[str, ...], model_path: str | None, plot_path: str | None, as_json: bool) -> None:
-    from mlopt.formats.plan import load_plan
-    from mlopt.formats.show import stdout_console
-    from mlopt.formats.sizes import format_size
-    from mlopt.planners.memory.validate import replay_plan
-
     if model_path is None:
         raise click.UsageError("memory plans are replayed against their trace: give --model TRACE")
     _validate_plans(files, model_path, None)
@@ -957,15 +846,12 @@ def _simulate_memory(files: tuple[str, ...], model_path: str | None, plot_path: 
                      "compute_us": replayed.compute_us, "recompute_us": replayed.recompute_us,
                      "peak_at": f"{replayed.peak_event.phase} node {replayed.peak_event.node}"})
     if plot_path:
-        from mlopt.planners.memory.plots import plot_memory_timeline
-
         _write_plots({plot_path: lambda p: plot_memory_timeline(
             timelines, p, budgets[0] if len(set(budgets)) == 1 else None,
             title=f"{problem.name}: memory over one training step")})
     if as_json:
         _print_json(rows)
         return
-    from rich.table import Table
 
     table = Table("plan", "algorithm", "budget", "peak", "peak at", "held after forward", "compute ms", "recompute ms",
                   title=f"memory replay of {problem.name}")
@@ -1022,7 +908,6 @@ def profile_hardware_cmd(ctx: click.Context, output, transport, ranks_text, size
     Per ordered pair: n chunks of s bytes one after another vs one chunk of n*s, repeated; alpha and beta by
     least squares, links grouped into classes, fit quality (R^2, residuals) kept in the topology.
     """
-    from mlopt.profilers import hardware as hw
 
     def whole(text, option: str, minimum: int):
         if text is None:
@@ -1051,7 +936,6 @@ def profile_hardware_cmd(ctx: click.Context, output, transport, ranks_text, size
                                 quick=quick, **({"beta_tol": beta_tol} if beta_tol is not None else {}))
     with _progress_bar(ctx, "profiling links") as progress:
         result = hw.profile_hardware(options, progress)
-    from mlopt.formats.topology import save_topology
 
     save_topology(result.topology, output)
     plot = None if no_plot else (plot_path or str(hw.default_plot_path(output)))
@@ -1103,11 +987,6 @@ def profile_operators_cmd(ctx: click.Context, model_path, output, ops_out, repea
     (warm-up, then repeated runs: median and IQR) and measures its workspace; convolutions also with the
     backend's alternatives (CPU: oneDNN off, channels-last; CUDA: cuDNN autotuned, deterministic, off).
     """
-    from mlopt.formats.io import write_json
-    from mlopt.formats.loaders import load_trace_any
-    from mlopt.formats.trace import save_trace
-    from mlopt.profilers.operators import ProfileOptions, profile_operators
-
     trace_obj = load_trace_any(model_path)
     options = ProfileOptions(device=device, repeats=repeats, warmup=warmup, quick=quick,
                              alternatives=not no_alternatives, seed=seed, threads=threads)
@@ -1128,10 +1007,7 @@ def profile_operators_cmd(ctx: click.Context, model_path, output, ops_out, repea
 
 
 def _print_operator_table(result, model_path: str) -> None:
-    from rich.table import Table
 
-    from mlopt.formats.show import stdout_console
-    from mlopt.formats.sizes import format_size
 
     table = Table("op", "phase", "ops", "shapes", "median us", "IQR/median", "total us", "traced us", "workspace",
                   "alternatives (time x default)", title=f"{model_path}: {result.device_name}")
@@ -1178,8 +1054,6 @@ def profile_contention_cmd(ctx: click.Context, output, device, ranks, threads_te
                            compute_ms, compute_workers, quick, plot_path, as_json) -> None:
     """LIBRA's contention samples (computation beside an all-reduce, all-reduces beside computation and alone,
     per thread count r) and their fit; -o samples.json. docs/profile-contention.md."""
-    from mlopt.profilers import contention as prof
-
     config = prof.make_config(
         device, quick, ranks=ranks, repeats=repeats, comm_runs=comm_runs, compute_ms=compute_ms,
         compute_workers=compute_workers,
@@ -1233,9 +1107,6 @@ def run_collective_cmd(xml_path: str, ranks, size_text, dtype, op, in_place, ite
                        threads, watchdog_ms, as_json: bool) -> None:
     """Run an MSCCL-EF algorithm on the CPU runtime, check every rank's output against the collective computed
     directly, and report GB/s. Exit 1 when an output is wrong, 2 for bad input."""
-    from mlopt.formats.sizes import parse_size
-    from mlopt.native.run_collective import RunCollectiveOptions, raise_for_mismatch, run_collective
-
     options = RunCollectiveOptions(
         size_bytes=parse_size(size_text), ranks=ranks, dtype=dtype, op=op, in_place=in_place, iterations=iterations,
         seed=seed, chunk_bytes=parse_size(chunk_text, "--chunk-bytes") if chunk_text else 0, fifo_slots=fifo_slots,
@@ -1273,9 +1144,6 @@ def sweep_cmd(ctx: click.Context, spec_path, out_dir, executor, address, workers
               as_json) -> None:
     """Run a grid of `mlopt plan ...` invocations (docs/sweep.md); exit 0 when every cell has its plan, 1
     when some failed (each failure is in the summary with its message), 2 for a bad spec."""
-    from mlopt.sweep import run_sweep
-    from mlopt.sweep.report import print_table
-
     if cache_dir and no_cache:
         raise click.UsageError("give --cache DIR or --no-cache, not both")
     verbose = (ctx.obj or {}).get("verbose", 1)
@@ -1300,22 +1168,17 @@ def sweep_cmd(ctx: click.Context, spec_path, out_dir, executor, address, workers
 @click.option("--json", "as_json", is_flag=True, help="Print the table as JSON.")
 def solvers(check: bool, as_json: bool) -> None:
     """List MILP backends, their versions and availability (a size-limited Gurobi licence is reported)."""
-    from mlopt.solvers.report import solver_report
 
-    from mlopt.solvers import resolve_solver
 
     rows = solver_report(check)
     failed = [r["name"] for r in rows if r.get("check", "").startswith("FAILED")]
     if as_json:
         _print_json(rows)
     else:
-        from rich.table import Table
-
         table = Table("solver", "available", "version", "note", *(["check"] if check else []))
         for r in rows:
             table.add_row(r["name"], "yes" if r["available"] else "no", r["version"], r["note"],
                           *([r.get("check", "")] if check else []))
-        from mlopt.formats.show import stdout_console
 
         console = stdout_console()
         console.print(table)
@@ -1343,9 +1206,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _ignore_late_interrupts() -> None:
-    import signal
-    import threading
-
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGINT, signal.SIG_IGN)
 
@@ -1389,10 +1249,7 @@ def _interrupt_handling() -> Iterator[None]:
     that Python swallows (raised inside a weakref callback or __del__, reported as "Exception ignored in")
     still stops the next output from being installed. That swallowed exception is not printed: the interrupt
     is reported once, by `main`. SIGINT left ignored by the parent stays ignored."""
-    import signal
-    import threading
 
-    from mlopt.formats import io
 
     io.clear_interrupt()
     installed = (threading.current_thread() is threading.main_thread()  # signal.signal works there only

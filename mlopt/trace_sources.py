@@ -9,6 +9,7 @@ import os
 from typing import Callable
 
 from mlopt.errors import InputError
+from mlopt.formats.importers.pytorch_et import import_pytorch_et
 from mlopt.formats.trace import ModelTrace
 
 
@@ -28,7 +29,6 @@ def make_trace(source: str, *, kineto: str | None = None, rank: int | None = Non
         if memory_format != "contiguous":
             raise InputError(source, "memory_format",
                              "--channels-last applies to model tracing, not to Execution Trace files")
-        from mlopt.formats.importers.pytorch_et import import_pytorch_et
 
         return import_pytorch_et(source, kineto, name=name, step_scope=step_scope, rank=rank)
     if kineto or rank is not None:
@@ -36,6 +36,7 @@ def make_trace(source: str, *, kineto: str | None = None, rank: int | None = Non
     if ":" not in source:
         raise InputError(source, "$", "no such file, and not a model spec like torchvision:resnet50")
     try:
+        # lazy: mlopt.pytorch needs torch, an optional dependency (the torch extra)
         from mlopt.pytorch.trace import trace_model_spec
     except ImportError as exc:
         raise InputError(source, "model", f"tracing a model needs PyTorch: pip install 'mlopt[torch]' ({exc})") from None

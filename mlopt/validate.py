@@ -11,7 +11,9 @@ from typing import Any
 
 from mlopt.errors import InputError
 from mlopt.formats.loaders import Loaded, load_any
+from mlopt.formats.msccl_contract import check_contract, effective_program, in_place_only
 from mlopt.formats.plan import PlanFile
+from mlopt.planners.collective.validate import proven_program
 from mlopt.planners.registry import find_kind
 
 
@@ -41,9 +43,6 @@ def _detail(loaded: Loaded) -> str:
 def _check_msccl(loaded: Loaded) -> str:
     """The input contract first (the same rules and order as the C++ loader, docs/input-contract.md), then the
     symbolic proof of the program as it runs (an in-place-only program with its left-out buffer sized)."""
-    from mlopt.formats.msccl_contract import check_contract, effective_program, in_place_only
-    from mlopt.planners.collective.validate import proven_program
-
     program = loaded.value
     check_contract(program, loaded.source)
     ignored = ", ".join(program.origin.ignored) if program.origin else ""

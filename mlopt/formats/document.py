@@ -16,6 +16,7 @@ from typing import Any
 import jsonschema
 
 from mlopt.errors import InputError
+from mlopt.formats.io import check_finite
 
 
 @dataclass(frozen=True)
@@ -117,8 +118,6 @@ def validate_against(doc: Any, schema: dict[str, Any], source: str, prefix: str 
 def check_document(doc: Any, spec: FormatSpec, source: str) -> None:
     """Header first (so version errors are clear), then finite numbers (NaN and Infinity pass a schema's
     `minimum`), then structure."""
-    from mlopt.formats.io import check_finite
-
     check_header(doc, spec, source)
     check_finite(doc, source)
     validate_schema(doc, spec, source)

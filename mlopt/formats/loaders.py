@@ -10,7 +10,9 @@ from typing import Any
 from mlopt.errors import InputError
 from mlopt.formats import document
 from mlopt.formats.importers import taccl
+from mlopt.formats.importers.pytorch_et import import_pytorch_et
 from mlopt.formats.io import parse_document, read_bytes, read_document
+from mlopt.formats.msccl_xml import parse_program
 from mlopt.formats.plan import PlanFile, envelope_from_dict, plan_from_dict
 from mlopt.formats.topology import Topology, from_spec, replicate, unreachable_ranks
 from mlopt.formats.trace import ModelTrace
@@ -57,8 +59,6 @@ def load_trace_any(path: str) -> ModelTrace:
     if document.format_of(doc) == document.TRACE.name:
         return ModelTrace.from_dict(doc, path)
     if isinstance(doc, dict) and isinstance(doc.get("nodes"), list) and "schema" in doc:
-        from mlopt.formats.importers.pytorch_et import import_pytorch_et
-
         return import_pytorch_et(path)
     raise InputError(path, "$.format", f"expected {document.TRACE.name!r} or a PyTorch Execution Trace")
 
@@ -79,8 +79,6 @@ def load_any(spec: str, topology_options: TopologyOptions = TopologyOptions(), *
         return Loaded("topology", resolve_topology(spec, topology_options), spec)
     raw = read_bytes(spec)
     if Path(spec).suffix.lower() == ".xml" or raw.lstrip()[:1] == b"<":
-        from mlopt.formats.msccl_xml import parse_program
-
         return Loaded("msccl", parse_program(raw, spec), spec)
     doc = parse_document(raw, spec)
     fmt = document.format_of(doc)

@@ -19,7 +19,7 @@ from typing import Any
 
 from mlopt import __version__
 from mlopt.formats import document
-from mlopt.formats.io import read_document, sha256_file, write_json
+from mlopt.formats.io import read_document, sha256_bytes, sha256_file, write_json
 
 
 class PlanStatus(str, enum.Enum):
@@ -97,8 +97,6 @@ class PlanFile:
 
 def input_hashes(paths: dict[str, str | os.PathLike | None]) -> dict[str, str]:
     """sha256 of each named input file; presets and generated inputs are hashed by their name."""
-    from mlopt.formats.io import sha256_bytes
-
     out = {}
     for name, path in paths.items():
         if path is None:

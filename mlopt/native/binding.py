@@ -37,6 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple, Sequence
 
+import numpy as np
+
 from mlopt.errors import MloptError
 
 LIBRARY_ENV = "MLOPT_RUNTIME_LIB"
@@ -533,7 +535,6 @@ def _describe(value: Any, what: str, backend: str = "cpu") -> _Buffer:
         if dtype is None:
             raise ValueError(f"{what}: dtype {value.dtype} is not one of {', '.join(DTYPES)}")
         return _Buffer(value.data_ptr(), value.numel(), dtype, True, True)
-    import numpy as np
 
     if backend == "cuda":
         raise ValueError(f"{what}: the CUDA backend needs CUDA torch tensors, got {type(value).__name__}")
@@ -570,10 +571,9 @@ def _resolve_dtype(buffers: Sequence[_Buffer], requested: str | None) -> str:
 def _empty_like(template: Any, numel: int) -> Any:
     """A new contiguous 1-D buffer of `numel` elements of the template's type, dtype and device."""
     if _is_torch(template):
-        import torch
+        import torch  # lazy: torch is an optional dependency (the torch extra)
 
         return torch.empty(numel, dtype=template.dtype, device=template.device)
-    import numpy as np
 
     return np.empty(numel, dtype=template.dtype)
 
@@ -735,7 +735,7 @@ class LocalComm(_Comm):
         options = _run_options(self._lib, backend=backend, watchdog_ms=watchdog_ms, fifo_slots=fifo_slots,
                                chunk_bytes=chunk_bytes, threads=threads, cuda_block_threads=cuda_block_threads)
         if backend == "cuda":
-            import torch
+            import torch  # lazy: torch is an optional dependency (the torch extra)
 
             options.cuda_stream = torch.cuda.current_stream().cuda_stream  # after the work that made the inputs
         input_array = (ctypes.c_void_p * nranks)(*input_addresses)

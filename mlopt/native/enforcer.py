@@ -36,6 +36,8 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Mapping, NamedTuple, Sequence
 
+import numpy as np
+
 from mlopt.formats.io import sha256_bytes
 from mlopt.planners.schedule.motifs import BLOCKED, ROOTED, CommOp, Motif, as_motif
 from mlopt.planners.schedule.programs import motif_program_xml, program_collective  # noqa: F401 - re-exported
@@ -104,7 +106,7 @@ class MotifTable:
     nranks: int
     # The plan's motif programs (payload["programs"]: id -> MSCCL-EF XML, proven when planned); None when the
     # plan carries none (written before schedule payload 1.1): the enforcer then makes them (`ProgramCache`).
-    programs: Mapping[str, str] | None = None
+    programs: Mapping[str, str | None] | None = None
 
     @classmethod
     def from_plan(cls, payload: Mapping[str, Any], iteration: int = 1, nranks: int | None = None) -> "MotifTable":
@@ -201,14 +203,17 @@ def payload_row(op: CommOp, motifs: Sequence[Motif], seqs: Sequence[int], channe
     return {**row, "option": 0, "plan": "", "motifs": rows}
 
 
-def carried_programs(payload: Mapping[str, Any]) -> dict[str, str] | None:
-    """payload["programs"] as id -> XML (None: the plan carries none); ValueError when an XML is not the one
+def carried_programs(payload: Mapping[str, Any]) -> dict[str, str | None] | None:
+    """payload["programs"] as id -> XML (None: the plan carries none; an id -> None: no program fits); ValueError when an XML is not the one
     its entry's sha256 names (`mlopt validate` proves the programs; this only refuses a changed one)."""
     entries = payload.get("programs")
     if entries is None:
         return None
     out = {}
     for entry in entries:
+        if entry.get("xml") is None:  # no program fits the executor: a motif naming it is refused when run
+            out[str(entry["id"])] = None
+            continue
         xml = str(entry["xml"])
         if sha256_bytes(xml.encode("utf-8")) != entry.get("xml_sha256"):
             raise ValueError(f"the plan's program {entry.get('id')!r} is not the one its xml_sha256 names: "
@@ -640,6 +645,9 @@ def _carried(table: MotifTable, tm: TableMotif, where: str) -> tuple[str, str] |
     if tm.program not in table.programs:
         raise ValueError(f"{where}: names program {tm.program!r}, which the plan does not carry "
                          f"(it has {sorted(table.programs)})")
+    if table.programs[tm.program] is None:
+        raise ValueError(f"{where}: the plan has no runnable program for it (program {tm.program} is marked "
+                         f"unrunnable: no program for it fits the MSCCL executor's limits)")
     return tm.program, table.programs[tm.program]
 
 
@@ -673,7 +681,6 @@ def _address(value: Any, what: str) -> tuple[int, int]:
         if value.device.type != "cpu" or not value.is_contiguous():
             raise ValueError(f"{what}: needs a contiguous CPU tensor")
         return value.data_ptr(), value.numel() * value.element_size()
-    import numpy as np
 
     if not isinstance(value, np.ndarray) or not value.flags.c_contiguous or not value.flags.writeable:
         raise ValueError(f"{what}: needs a writable C-contiguous numpy array, got {type(value).__name__}")
@@ -873,8 +880,6 @@ class HarnessResult:
 
 def input_values(rank: int, op: int, iteration: int, elements: int):
     """Rank's input of `op` in `iteration` (float32): small integers, so sums are exact in any order."""
-    import numpy as np
-
     return ((rank + 1) * (op + 1) + np.arange(elements) % 13 + iteration).astype(np.float32)
 
 
@@ -882,8 +887,6 @@ def expected_output(op: TableOp, rank: int, iteration: int):
     """(values, mask of the elements the collective defines) of rank's output of `op` (float32) when it
     carries `iteration`'s data (a steady-state period's offset-1 op in period k: k + 1); inputs are keyed by
     `op.data_key` (its position in the iteration), so they do not depend on which table the op is in."""
-    import numpy as np
-
     n, elements = len(op.ranks), op.nbytes // 4
     ins = {r: input_values(r, op.data_key, iteration, elements) for r in op.ranks}
     out, defined = np.zeros(elements, np.float32), np.ones(elements, bool)
@@ -915,8 +918,6 @@ def expected_output(op: TableOp, rank: int, iteration: int):
 
 
 def _check_output(op: TableOp, rank: int, iteration: int, got, what: str = "iteration") -> str:
-    import numpy as np
-
     want, defined = expected_output(op, rank, iteration)
     bad = np.flatnonzero(defined & (got != want))
     if not bad.size:
@@ -1050,8 +1051,6 @@ def _check_verifiable(table: MotifTable) -> None:
 
 def _buffers(table: MotifTable) -> dict[tuple[int, int], tuple[Any, Any]]:
     """(rank, op index) -> (input, output) float32 buffers of every op the rank takes part in."""
-    import numpy as np
-
     return {(r, op.index): (np.zeros(-(-op.nbytes // 4), np.float32), np.zeros(-(-op.nbytes // 4), np.float32))
             for op in table.ops for r in range(table.nranks) if op.involves(r)}
 

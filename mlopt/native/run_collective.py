@@ -22,7 +22,9 @@ from typing import Any, Callable
 import numpy as np
 
 from mlopt.errors import InputError, MloptError
+from mlopt.formats.sizes import format_size
 from mlopt.native import binding as native
+from mlopt.sim.network import busbw_factor as factor
 
 DTYPES = tuple(native.DTYPES)
 OPS = tuple(native.OPS)
@@ -114,8 +116,6 @@ class RunReport:
 
 
 def _size(n: int) -> str:
-    from mlopt.formats.sizes import format_size
-
     return format_size(n)
 
 
@@ -136,8 +136,6 @@ def element_counts(size_bytes: int, dtype: str, i_chunks: int, o_chunks: int) ->
 
 
 def busbw_factor(collective: str, nranks: int) -> float:
-    from mlopt.sim.network import busbw_factor as factor
-
     return factor(collective, nranks)
 
 

@@ -1,10 +1,16 @@
-"""Knobs shared by every planner; each has a CLI flag of the same name (see mlopt/cli.py)."""
+"""Knobs shared by every planner; each has a CLI flag of the same name, declared here as data
+(`PLANNER_COMMAND_OPTIONS`, from which mlopt/cli.py builds the click options)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from mlopt.errors import InputError
+from mlopt.formats.io import probe_output_path
+from mlopt.formats.loaders import TopologyOptions
+from mlopt.formats.sizes import parse_size
 from mlopt.solvers import SolveOptions
 
 
@@ -47,3 +53,167 @@ class PlannerOptions:
             dump = f"{stem}{dump_suffix}.mps"
         return SolveOptions(time_limit_s=self.time_limit_s, node_limit=self.node_limit, mip_gap=self.mip_gap,
                             threads=self.threads, seed=self.seed, dump_model=dump)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# `mlopt plan KIND`'s options declared without click
+
+
+@dataclass(frozen=True)
+class CommandOption:
+    """One option of `mlopt plan KIND`, declared without click: mlopt.cli builds the click option from it and
+    the sweep checks a spec's values with it (`convert_option`), so both accept the same values.
+
+    `name` is the long flag without `--` (`budget-ratio`); it is also the option's key in the `args` dict a
+    kind's `prepare_plan` takes (one rule everywhere: the flag's spelling, dashes and all)."""
+
+    name: str  # the long flag without --, and the key in `args`
+    type: str  # "text" | "path" (text naming an output path) | "int" | "float" (finite) | "choice" | "flag"
+    help: str  # the flag's --help text
+    default: Any = None  # the value when the option is not given (flags: False; repeatable: ())
+    required: bool = False  # `mlopt plan KIND` refuses to run without it
+    choices: tuple[str, ...] = ()  # type "choice": the accepted values
+    min: float | None = None  # int and float: the least accepted value (None: unbounded)
+    max: float | None = None  # int and float: the largest accepted value (None: unbounded)
+    min_open: bool = False  # float: `min` itself is refused (a positive time limit)
+    multiple: bool = False  # repeatable (--sketch A --sketch B): a tuple of values
+    show_default: bool = False  # --help shows the default
+
+    def range_text(self) -> str:
+        low = "" if self.min is None else f"{self.min}{'<' if self.min_open else '<='}"
+        high = "" if self.max is None else f"<={self.max}"
+        return f"{low}x{high}"
+
+
+def convert_option(option: CommandOption, text: str) -> Any:
+    """One value of `option` from its text, as the command line converts it (the sweep's values are checked
+    and converted with it, so a cell plans with exactly the values `mlopt plan KIND --NAME TEXT` would);
+    ValueError with a one-line reason otherwise."""
+    if option.type in ("text", "path"):
+        return text
+    if option.type == "choice":
+        if text not in option.choices:
+            raise ValueError(f"{text!r} is not one of {', '.join(repr(c) for c in option.choices)}")
+        return text
+    if option.type == "int":
+        try:
+            value: Any = int(text)
+        except ValueError:
+            raise ValueError(f"{text!r} is not a valid integer") from None
+    elif option.type == "float":
+        try:
+            value = float(text)
+        except ValueError:
+            raise ValueError(f"{text!r} is not a valid float") from None
+        if not math.isfinite(value):
+            raise ValueError(f"{text!r} is not a finite number")
+    else:
+        raise ValueError(f"--{option.name} is a flag: it takes no value")
+    too_low = option.min is not None and (value < option.min or (option.min_open and value == option.min))
+    if too_low or (option.max is not None and value > option.max):
+        raise ValueError(f"{value} is not in the range {option.range_text()}")
+    return value
+
+
+def command_args(options: tuple[CommandOption, ...], given: dict[str, Any], command: str) -> dict[str, Any]:
+    """Every option of `command` by name: those given (already converted), the rest at their defaults;
+    InputError (exit 2) for an option the command does not have or a required one left out."""
+    known = {o.name: o for o in options}
+    unknown = sorted(set(given) - set(known))
+    if unknown:
+        raise InputError(command, f"--{unknown[0]}", f"no such option (it has {', '.join(known)})")
+    missing = [f"--{o.name}" for o in options if o.required and given.get(o.name) is None]
+    if missing:
+        raise InputError(command, missing[0], "required: give it")
+    return {o.name: _coerce(o, given[o.name], command) if o.name in given else o.default for o in options}
+
+
+_WHAT = {"text": "text", "path": "a path", "int": "an integer", "float": "a number", "choice": "one of the choices"}
+
+
+def _coerce(option: CommandOption, value: Any, command: str) -> Any:
+    """A value given in Python (not from text): text is converted as the command line would, an int is taken
+    for a float option as a float (a plan records 1.0, as for `--budget-ratio 1`); None stays None (the
+    option not given)."""
+    try:
+        if value is None:
+            return None
+        if option.multiple:
+            if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
+                value = (value,)
+            return tuple(convert_option(option, v) if isinstance(v, str) else v for v in value)
+        if option.type == "flag":
+            if not isinstance(value, bool):
+                raise ValueError(f"a flag: expected true or false, found {value!r}")
+            return value
+        if isinstance(value, str):
+            return convert_option(option, value)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"expected {_WHAT[option.type]}, found {value!r}")
+        if option.type == "float":
+            return convert_option(option, repr(float(value)))
+        if option.type == "int" and isinstance(value, int):
+            return convert_option(option, str(value))
+        raise ValueError(f"expected {_WHAT[option.type]}, found {value!r}")
+    except ValueError as exc:
+        raise InputError(command, f"--{option.name}", str(exc)) from None
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the shared flags of `mlopt plan KIND`
+
+
+def _declarations():
+    seed = CommandOption("seed", "int", "Solver and heuristic seed.", default=0, show_default=True)
+    record = CommandOption("record-wall-time", "flag", "Record the wall time in the plan (breaks byte-identity).",
+                           default=False)
+    milp = (
+        CommandOption("solver", "choice", "MILP backend (auto: gurobi with a full licence, else highs).",
+                      default="auto", choices=("auto", "highs", "cbc", "gurobi"), show_default=True),
+        CommandOption("time-limit", "float", "Seconds per solve; the best plan found is returned with its gap.",
+                      min=0, min_open=True),
+        CommandOption("node-limit", "int", "Branch-and-bound nodes per solve: a limit that gives the same plan on "
+                                           "every run.", min=1),
+        CommandOption("mip-gap", "float", "Relative gap at which a MILP counts as solved.", default=1e-4, min=0,
+                      show_default=True),
+        CommandOption("threads", "int", "Solver threads (1 keeps runs reproducible).", default=1, min=1,
+                      show_default=True),
+        seed,
+        CommandOption("dump-model", "path", "Write the MILP as MPS for offline re-solves."),
+        record,
+    )
+    solverless = (CommandOption("seed", "int", "Heuristic seed.", default=0, show_default=True), record)
+    topology = (
+        CommandOption("nodes", "int", "Replicate a one-node profile (TACCL topology file) over this many nodes.",
+                      min=1),
+        CommandOption("chunk-size", "text", "TACCL profile chunk size (e.g. 1MB) when the profile name lacks it."),
+        CommandOption("time-unit-us", "float", "Microseconds per unit of a TACCL profile's scaled costs.",
+                      default=1.0, min=0, min_open=True, show_default=True),
+    )
+    return milp, solverless, topology
+
+
+# the knobs of PlannerOptions as flags (planners that solve MILPs: collective, memory, `plan --model`)
+# the knobs of a planner without a MILP: its seed and --record-wall-time; the solver knobs keep their defaults
+# the options of reading a topology: presets need none; TACCL node profiles may need all three
+PLANNER_COMMAND_OPTIONS, SOLVERLESS_COMMAND_OPTIONS, TOPOLOGY_COMMAND_OPTIONS = _declarations()
+
+
+def planner_options_from_args(args: dict[str, Any]) -> PlannerOptions:
+    """PlannerOptions from `mlopt plan KIND`'s options by flag name (those a solverless kind lacks: defaults);
+    an unwritable --dump-model fails here, before any work (it is written inside a solve)."""
+    if args.get("dump-model"):
+        probe_output_path(args["dump-model"])
+    defaults = PlannerOptions()
+    return PlannerOptions(
+        solver=args.get("solver", defaults.solver), time_limit_s=args.get("time-limit", defaults.time_limit_s),
+        node_limit=args.get("node-limit", defaults.node_limit), mip_gap=args.get("mip-gap", defaults.mip_gap),
+        threads=args.get("threads", defaults.threads), seed=args.get("seed", defaults.seed),
+        dump_model=args.get("dump-model"), record_wall_time=args.get("record-wall-time", False))
+
+
+def topology_options_from_args(args: dict[str, Any]) -> TopologyOptions:
+    """TopologyOptions from the --nodes, --chunk-size and --time-unit-us options by flag name."""
+    chunk = args.get("chunk-size")
+    return TopologyOptions(args.get("nodes"), parse_size(chunk, "--chunk-size") if chunk else None,
+                           args.get("time-unit-us", 1.0))

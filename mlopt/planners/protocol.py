@@ -14,10 +14,12 @@ from dataclasses import MISSING, dataclass, fields
 from pathlib import Path, PurePosixPath
 from typing import Any, Callable
 
+from mlopt.errors import InputError
+
 from mlopt.formats.plan import Plan, PlanFile
 from mlopt.formats.topology import Topology
 from mlopt.formats.trace import ModelTrace
-from mlopt.planners.options import PlannerOptions
+from mlopt.planners.options import CommandOption, PlannerOptions, command_args
 
 
 @dataclass(frozen=True)
@@ -116,6 +118,40 @@ def one_file(output: str) -> list[str]:
     return [str(PurePosixPath(output))]
 
 
+# ---------------------------------------------------------------------------------------------------------
+# `mlopt plan KIND` without click: its options declared as data, the plan files from a dict of them
+
+
+def quiet(message: str) -> None:
+    """A progress or notice callback that shows nothing (the sweep's cells, `mlopt -q`)."""
+
+
+@dataclass(frozen=True)
+class PlannedFiles:
+    """What `mlopt plan KIND -o OUTPUT` wrote."""
+
+    files: list[Path]  # every file written, the plan envelope last
+    plan: Plan  # the plan (its envelope is files[-1])
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """`mlopt plan KIND ARGS` with its inputs read and its options built, before anything is planned: what
+    `--check` compares, and the planning itself."""
+
+    inputs: dict[str, Any]  # the input files (and presets) by provenance name, as a plan records them
+    planner_options: PlannerOptions  # the shared knobs
+    specific: dict[str, Any]  # the kind's own options, as `--check` compares them with a plan's
+    title: str  # what is being planned, for a progress line ("planning allgather on ndv2x2")
+    # (output, progress callback) -> the files written at `output` (atomically: all of them or none)
+    write: Callable[[Path, Callable[[str], None]], PlannedFiles]
+    notices: tuple[str, ...] = ()  # worth saying before planning (not warnings about the plan)
+
+
+# args (every option by name, converted: see CommandOption) -> the request; raises MloptError subclasses
+PreparePlan = Callable[[dict[str, Any]], PlanRequest]
+
+
 @dataclass(frozen=True)
 class PlannerKind:
     """Everything mlopt knows about one kind of plan, for every command that handles one."""
@@ -132,6 +168,30 @@ class PlannerKind:
     metrics: Callable[[dict[str, Any]], dict[str, Any]]  # plan envelope -> the sweep summary's row
     staleness: StalenessFacts = StalenessFacts()
     simulation: SimulationFacts | None = None  # None: `mlopt simulate` does not apply it
+    # `mlopt plan KIND`: its own options (in --help order), then the shared ones (options.PLANNER_COMMAND_OPTIONS
+    # or SOLVERLESS_COMMAND_OPTIONS); -o, --check, --resolve, --strict-version and --json are the CLI's own
+    command_options: tuple[CommandOption, ...] = ()
+    shared_options: tuple[CommandOption, ...] = ()
+    prepare_plan: PreparePlan | None = None  # None: no `mlopt plan KIND` subcommand (a test's kind)
+
+    @property
+    def all_command_options(self) -> tuple[CommandOption, ...]:
+        return (*self.command_options, *self.shared_options)
+
+    def command_option(self, name: str) -> CommandOption | None:
+        return next((o for o in self.all_command_options if o.name == name), None)
+
+    def request(self, args: dict[str, Any]) -> PlanRequest:
+        """`mlopt plan KIND` with these options (by flag name; left out: the CLI's defaults), ready to plan."""
+        if self.prepare_plan is None:
+            raise InputError(f"mlopt plan {self.name}", "$", "this kind has no plan command")
+        return self.prepare_plan(command_args(self.all_command_options, args, f"mlopt plan {self.name}"))
+
+    def plan_files(self, args: dict[str, Any], output: Path,
+                   progress: Callable[[str], None] = quiet) -> PlannedFiles:
+        """What `mlopt plan KIND ARGS -o OUTPUT` writes, byte for byte, without the command line; errors are
+        the command's (InputError: exit 2, InfeasibleError: exit 3)."""
+        return self.request(args).write(Path(output), progress)
 
     def options_to_dict(self, options: Any) -> dict[str, Any]:
         """The kind's own options as plain data (every field; a memory profile too, unlike provenance)."""

@@ -1,8 +1,10 @@
 """Every planner kind of this release, in the order `mlopt plan --model` runs them (issue 25).
 
-Commands learn about plan kinds only here: `mlopt plan --model` (mlopt.planners.umbrella), `mlopt validate`
-(mlopt.validate), `mlopt sweep` (mlopt.sweep.cells), `--check` (mlopt.plan_check) and `mlopt simulate`
-(mlopt.cli) look a kind up and use its `PlannerKind` (mlopt.planners.protocol). A new kind is a
+Commands learn about plan kinds only here: `mlopt plan --model` (mlopt.planners.umbrella), `mlopt plan KIND`
+(mlopt.cli: its flags from the kind's `command_options`, its work from `prepare_plan`), `mlopt validate`
+(mlopt.validate), `mlopt sweep` (mlopt.sweep.cells: the kind's `plan_files`, without the command line),
+`--check` (mlopt.plan_check) and `mlopt simulate` (mlopt.cli) look a kind up and use its `PlannerKind`
+(mlopt.planners.protocol). A new kind is a
 `mlopt/planners/<kind>/kind.py` with a `KIND` and one line in `_KINDS`.
 """
 

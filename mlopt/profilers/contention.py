@@ -42,9 +42,11 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import multiprocessing
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -54,9 +56,20 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn, TimeElapsedColumn
 
 from mlopt.errors import InputError, MloptError
+from mlopt.formats.io import write_json
+from mlopt.formats.msccl_xml import write_program
+from mlopt.formats.sizes import format_size, parse_size_range
+from mlopt.formats.topology import fully_connected
+from mlopt.native import binding as native
+from mlopt.planners.collective.baselines import ring
+from mlopt.planners.collective.lowering import LoweringError, lower
 from mlopt.planners.threads import contention
+from mlopt.sim.collectives import CollectiveSpec
+from mlopt.sim.plots import _save
 
 MIB = 1 << 20
 DEVICES = ("cpu", "cuda")
@@ -119,8 +132,6 @@ def parse_threads(text: str, source: str = "--threads") -> tuple[int, ...]:
 
 def parse_sizes(text: str, source: str = "--sizes") -> tuple[int, ...]:
     """'1MiB,8MiB' or '1MiB..64MiB' (x4 steps) -> bytes, sorted, without duplicates."""
-    from mlopt.formats.sizes import parse_size_range
-
     sizes = tuple(sorted(set(parse_size_range(str(text), source))))
     if not sizes:
         raise InputError(source, "$", "no sizes given")
@@ -416,8 +427,6 @@ def fit_result(result: ProfileResult, source: str) -> ProfileResult:
 
 def summary_lines(result: ProfileResult) -> list[str]:
     """What the CLI prints: the medians per (r, size), the parameters, the fit quality per kind."""
-    from mlopt.formats.sizes import format_size
-
     c = result.config
     unit = "workers" if c.device == "cpu" else "threads"
     lines = [f"{c.device}: {c.ranks} ranks, r = {','.join(map(str, c.threads))} {unit}, sizes "
@@ -457,10 +466,7 @@ def plot(result: ProfileResult, path: str | os.PathLike) -> Path:
     """Measured vs model per r: the compute slowdown g/b (left) and the transmission rates c_hat/(t - a) of
     overlapped and exposed all-reduces (right), one marker per size (side by side), whiskers over the
     inter-quartile range of the repeats."""
-    from matplotlib.figure import Figure
-
-    from mlopt.formats.sizes import format_size
-    from mlopt.sim.plots import _save
+    from matplotlib.figure import Figure  # lazy: matplotlib takes ~0.5 s to import and only plots need it
 
     fig = Figure(figsize=(11, 4.2), dpi=100)
     left, right = fig.subplots(1, 2)
@@ -523,8 +529,6 @@ def progress_bar(enabled: bool, title: str) -> Iterator[tuple[Progress, Callable
     if not enabled:
         yield (lambda message: None), (lambda n: None)
         return
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn, TimeElapsedColumn
 
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with RichProgress(*columns, console=Console(stderr=True), transient=True) as bar:
@@ -546,12 +550,6 @@ def ring_allreduce_xml(ranks: int, instances: int = 1) -> str:
     """The ring all-reduce of the collective baselines (2 rings, NCCL's default) on a fully connected topology
     (ranks on one machine reach each other directly), lowered to MSCCL-EF XML as bench/runtime.py's ring
     variant is; `instances` copies of it run on sub-chunks with channels of their own (more threadblocks)."""
-    from mlopt.formats.msccl_xml import write_program
-    from mlopt.formats.topology import fully_connected
-    from mlopt.planners.collective.baselines import ring
-    from mlopt.planners.collective.lowering import lower
-    from mlopt.sim.collectives import CollectiveSpec
-
     alg = ring(fully_connected(ranks), CollectiveSpec("allreduce", ranks, 1))
     return write_program(lower(alg, instances=instances, name=f"contention_ring_allreduce{ranks}"))
 
@@ -560,9 +558,6 @@ class _AllReduce:
     """A ring all-reduce XML loaded into the runtime with an in-process communicator of `ranks` ranks."""
 
     def __init__(self, ranks: int, max_threads: int):
-        from mlopt.planners.collective.lowering import LoweringError
-        from mlopt.native import binding as native
-
         self.native = native
         self.instances = 1
         self._load(ranks)
@@ -657,8 +652,6 @@ class _CpuCompute:
     computation fills `workers` cores as a GPU kernel fills the SMs, and shares no lock with the all-reduce."""
 
     def __init__(self, workers: int, matrix: int):
-        import subprocess
-
         self.workers = workers
         self.matrix = matrix
         self._looping = False
@@ -780,8 +773,6 @@ class _CommLoop:
 def measure_cpu(config: ProfileConfig, advance: Progress = lambda m: None,
                 set_total: Callable[[int], None] = lambda n: None) -> tuple[list[Point], dict[str, Any]]:
     """The experiment on this CPU (module docstring); (points, machine facts for meta)."""
-    from mlopt.formats.sizes import format_size
-
     allreduce = _AllReduce(config.ranks, max(config.threads))
     if max(config.threads) > allreduce.threadblocks:
         allreduce.close()
@@ -842,7 +833,7 @@ def measure_cpu(config: ProfileConfig, advance: Progress = lambda m: None,
 def cuda_problem(ranks: int = 0) -> str | None:
     """Why the CUDA experiment cannot run here (None when it can)."""
     try:
-        import torch
+        import torch  # lazy: torch is an optional dependency (the torch extra)
         import torch.distributed as dist
     except ImportError:
         return "torch is not installed"
@@ -862,7 +853,7 @@ def cuda_problem(ranks: int = 0) -> str | None:
 def _cuda_worker(rank: int, world: int, spec: dict[str, Any]) -> None:
     """One rank of the CUDA experiment at one r (a fresh process: NCCL reads its environment at init)."""
     os.environ.update(spec["env"])
-    import torch
+    import torch  # lazy: torch is an optional dependency (the torch extra)
     import torch.distributed as dist
 
     torch.cuda.set_device(rank)
@@ -957,12 +948,10 @@ def measure_cuda(config: ProfileConfig, advance: Progress = lambda m: None,
                  set_total: Callable[[int], None] = lambda n: None,
                  timeout_s: float = 900.0) -> tuple[list[Point], dict[str, Any]]:
     """The experiment with torch.distributed NCCL on this machine's GPUs, one fresh group of processes per r."""
-    import multiprocessing
-
     problem = cuda_problem(config.ranks)
     if problem:
         raise InputError("--device", "$", f"cuda: {problem}")
-    import torch
+    import torch  # lazy: torch is an optional dependency (the torch extra)
 
     world = config.ranks or torch.cuda.device_count()
     set_total(len(config.threads))
@@ -1046,8 +1035,6 @@ def check_plot_path(path: str | os.PathLike | None) -> None:
 
 def write(result: ProfileResult, output: str | os.PathLike, plot_path: str | os.PathLike | None = None) -> None:
     """The samples document (atomically) and, when asked, the plot."""
-    from mlopt.formats.io import write_json
-
     write_json(output, result.document())
     if plot_path is not None:
         plot(result, plot_path)

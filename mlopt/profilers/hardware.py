@@ -852,7 +852,7 @@ def torch_copy_timer(devices: Sequence[int], max_bytes: int) -> CopyTimer:  # pr
     """A CopyTimer over torch: per copy a source and destination buffer (pinned host memory for HOST), the
     chunks issued on a stream of the source device (the destination's for host-to-device), timed with CUDA
     events on that stream; concurrent copies are issued back to back and the slowest one counts."""
-    import torch  # optional dependency (the torch extra): lazy
+    import torch  # lazy: torch is an optional dependency (the torch extra)
 
     dev_buf = {d: (torch.empty(max_bytes, dtype=torch.uint8, device=f"cuda:{d}"),
                    torch.empty(max_bytes, dtype=torch.uint8, device=f"cuda:{d}")) for d in devices}
@@ -897,7 +897,7 @@ def torch_copy_timer(devices: Sequence[int], max_bytes: int) -> CopyTimer:  # pr
 def cuda_gpus() -> list[int]:
     """CUDA devices torch can use here ([] without torch, a CUDA build or GPUs)."""
     try:
-        import torch  # optional dependency (the torch extra): lazy
+        import torch  # lazy: torch is an optional dependency (the torch extra)
     except ImportError:
         return []
     try:
@@ -936,7 +936,7 @@ def smi_indices(gpus: Sequence[int]) -> dict[int, int] | None:  # pragma: no cov
     differently from nvidia-smi); None when it cannot be told (then the layout is used only if every
     device has the same number in both)."""
     try:
-        import torch  # optional dependency (the torch extra): lazy
+        import torch  # lazy: torch is an optional dependency (the torch extra)
 
         done = subprocess.run(["nvidia-smi", "--query-gpu=index,pci.bus_id", "--format=csv,noheader"],
                               capture_output=True, text=True, timeout=30, check=False)

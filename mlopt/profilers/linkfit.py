@@ -37,6 +37,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
+import numpy as np
+
 MB = 1e6  # bytes per MB in beta_us_per_MB
 
 DEFAULT_BETA_TOL = 0.25
@@ -146,8 +148,6 @@ def _finite_or_none(x: float) -> float | None:
 def _lstsq(rows: list[list[float]], ys: list[float], active: Sequence[int]) -> list[float] | None:
     """Least squares over the `active` columns (the others fixed at 0); None when singular. Rows come
     weighted already (see `_weighted`)."""
-    import numpy as np
-
     if not active:
         return [0.0] * len(rows[0])
     a = np.array([[r[j] for j in active] for r in rows], dtype=float)
@@ -252,8 +252,6 @@ def fit_alpha_beta(samples: Sequence[Sample], overhead: bool = False) -> Fit:
 
 def _alpha_se(rows: list[list[float]], ys: list[float], sol: list[float]) -> float:
     """Standard error of alpha from the (weighted) design, with alpha and the other free parameters."""
-    import numpy as np
-
     active = [j for j, v in enumerate(sol) if v > 0 or j == 0]
     m = len(rows)
     if m <= len(active):

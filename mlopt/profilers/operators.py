@@ -47,6 +47,7 @@ from typing import Any, Callable, Iterator
 
 from mlopt.errors import InputError
 from mlopt.formats.trace import Implementation, ModelTrace, Op, validate_trace
+from mlopt.planners.memory import catalog
 
 PROFILER_NAME = "mlopt profile operators"
 DEFAULT_REPEATS = 10
@@ -207,7 +208,7 @@ class OperatorProfile:
 
 def _torch() -> Any:
     try:
-        import torch
+        import torch  # lazy: torch is an optional dependency (the torch extra)
     except ImportError as exc:
         raise InputError("--device", "torch",
                          f"profiling operators needs PyTorch: pip install 'mlopt[torch]' ({exc})") from None
@@ -270,6 +271,7 @@ def _timed_run(fn: Callable[[], Any], device: Any) -> float:
 
 def _workspace_cpu(calls: list[tuple[Any, Callable[[], Any]]]) -> list[int | None]:
     """Per call: peak - retained of the CPU allocator's reports while it runs (one profiler session)."""
+    # lazy: torch is an optional dependency (the torch extra)
     from torch.profiler import ProfilerActivity, profile, record_function
 
     prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
@@ -362,7 +364,7 @@ def measure(bench: Any, device: Any, warmup: int, repeats: int) -> tuple[list[Va
     Each variant is set up and warmed up first (the first run also checks the result's size); the timed
     runs then go round the variants, one run of each at a time, so that drift on a shared machine (other
     processes, frequency changes) falls on all of them alike rather than on whichever ran last."""
-    from mlopt.profilers import op_kernels
+    from mlopt.profilers import op_kernels  # lazy: op_kernels imports torch, an optional dependency (the torch extra)
 
     torch = _torch()
     ready: list[tuple[Any, Callable[[], Any]]] = []
@@ -411,6 +413,7 @@ def measure(bench: Any, device: Any, warmup: int, repeats: int) -> tuple[list[Va
 
 
 def _op_tensors(trace: ModelTrace) -> dict[int, Any]:
+    # lazy: op_kernels imports torch, an optional dependency (the torch extra)
     from mlopt.profilers.op_kernels import OpTensors
 
     tensors = trace.tensor_map()
@@ -422,7 +425,7 @@ def _op_tensors(trace: ModelTrace) -> dict[int, Any]:
 
 def _plan(trace: ModelTrace, source: str, device: Any, alternatives: bool):
     """Benches by signature (ops in trace order), ops kept at their traced time by reason."""
-    from mlopt.profilers import op_kernels
+    from mlopt.profilers import op_kernels  # lazy: op_kernels imports torch, an optional dependency (the torch extra)
 
     tensors = trace.tensor_map()
     tensor_index = {t.id: i for i, t in enumerate(trace.tensors)}
@@ -567,8 +570,6 @@ def _forward_name(r: SignatureResult, by_op: dict[int, Op]) -> str:
 
 def catalog_checks(results: list[SignatureResult]) -> dict[str, Any]:
     """Measured counterparts of the catalog's modelled costs (time-weighted over the ops)."""
-    from mlopt.planners.memory import catalog
-
     def ratio(op_names: set[str], variant: str, minus_one: bool = False) -> tuple[float | None, int]:
         num = den = 0.0
         count = 0
@@ -636,7 +637,7 @@ def catalog_checks(results: list[SignatureResult]) -> dict[str, Any]:
 
 def _measure_all(benches: dict[str, Any], members: dict[str, list[Op]], kept: dict[str, dict[str, int]],
                  device: Any, options: ProfileOptions, progress: Progress | None) -> list[SignatureResult]:
-    from mlopt.profilers import op_kernels
+    from mlopt.profilers import op_kernels  # lazy: op_kernels imports torch, an optional dependency (the torch extra)
 
     torch = _torch()
     report = progress or (lambda done, total, what: None)

@@ -45,6 +45,7 @@ from typing import Any, Callable
 
 import torch
 from torch import nn
+from torch.profiler import ProfilerActivity, profile, record_function
 
 from mlopt.planners.memory.problem import MemoryProblem
 from mlopt.planners.memory.schedule import Schedule
@@ -97,8 +98,6 @@ def measure_step(model: nn.Module, inputs: Any, targets: Any, loss_fn: Callable[
     """One forward + loss + backward (no optimizer step), gradients set to None first, under the profiler.
 
     `plan`: an executor from `apply_memory_plan`, or None for plain PyTorch."""
-    from torch.profiler import ProfilerActivity, profile, record_function
-
     model.zero_grad(set_to_none=True)
     gc.collect()
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:

@@ -62,6 +62,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from mlopt.errors import InputError
 from mlopt.planners.memory.problem import BackwardImpl, ForwardImpl, MemoryProblem, Node
+from mlopt.planners.memory.replay import ScheduleError, replay
 from mlopt.planners.memory.schedule import Schedule
 from mlopt.pytorch.trace import IGNORED_NAMESPACES, op_name, tensor_leaves, written_tensors
 
@@ -353,8 +354,6 @@ class PlanExecutor:
 
     def _check_schedule(self) -> None:
         """The replay is the ground truth of what a schedule may do; the executor runs only what it accepts."""
-        from mlopt.planners.memory.replay import ScheduleError, replay
-
         try:
             replay(self.problem, self.schedule)
         except ScheduleError as error:

@@ -63,6 +63,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from scipy.optimize import linprog
+from scipy.sparse import coo_matrix
+
 from mlopt.errors import InputError
 from mlopt.formats.topology import Topology
 from mlopt.sim.network import NetworkModel, call_overhead_us
@@ -145,8 +148,6 @@ class _Capacities:
         got = _laminar_max({r: frozenset(cols) for r, cols in rows.items()}, caps) if self.laminar else None
         if got is not None:
             return got
-        from scipy.optimize import linprog
-        from scipy.sparse import coo_matrix
 
         ii, jj, b = [], [], []
         for i, (r, cols) in enumerate(rows.items()):

@@ -88,7 +88,9 @@ import numpy as np
 
 from mlopt.errors import InputError
 from mlopt.formats.msccl import Program
+from mlopt.formats.msccl_xml import load_program
 from mlopt.formats.topology import Topology
+from mlopt.formats.trace import pairs_problem
 from mlopt.sim.collective_shapes import (
     direct_pairs,
     double_binary_tree,
@@ -100,7 +102,7 @@ from mlopt.sim.collective_shapes import (
     tree_height,
 )
 from mlopt.sim.collectives import CollectiveSpec, Symbol, combine, postcondition_problems
-from mlopt.sim.network import Message, call_overhead_us, simulate_program, simulate_transfers
+from mlopt.sim.network import DEFAULT_LOCAL_GBPS, Message, call_overhead_us, simulate_program, simulate_transfers
 
 ALGORITHMS = ("ring", "bidirectional-ring", "direct", "halving-doubling", "double-binary-tree", "hierarchical",
               "hierarchical-bidirectional")
@@ -840,8 +842,6 @@ def collective_time(collective: str, algorithm: str, ranks: Sequence[int], nbyte
     if not nbytes >= 0:
         raise ValueError(f"nbytes must be >= 0, got {nbytes!r}")
     if algorithm.startswith("xml:"):
-        from mlopt.formats.msccl_xml import load_program
-
         path = algorithm[4:]
         program = load_program(path)
         if program.coll != collective:
@@ -932,7 +932,6 @@ def transfer_time(messages: Sequence[Message], topology: Topology, mode: str = "
         raise ValueError(f"unknown mode {mode!r}; known: {', '.join(MODES)}")
     if mode != "unaware":
         return simulate_transfers(messages, topology, sharing=_SHARING[mode], model=model, stats=False).time_us
-    from mlopt.sim.network import DEFAULT_LOCAL_GBPS
 
     if not messages:
         return 0.0
@@ -960,8 +959,6 @@ def transfer_time(messages: Sequence[Message], topology: Topology, mode: str = "
 def permute_messages(pairs: Sequence[tuple[int, int]], nbytes: float) -> list[Message]:
     """A permute as messages: `nbytes` from every source to its destination (topology ranks), no deps (all
     at once). ValueError for pairs that are not a permutation (the trace's rules, `pairs_problem`, on ranks)."""
-    from mlopt.formats.trace import pairs_problem
-
     if not nbytes >= 0:
         raise ValueError(f"nbytes must be >= 0, got {nbytes!r}")
     problem = pairs_problem("permute", [list(p) for p in pairs], None)

@@ -25,6 +25,12 @@ from pathlib import Path
 from typing import Any, Callable
 
 from mlopt.errors import InputError
+from mlopt.formats.io import read_bytes
+from mlopt.formats.loaders import load_any
+from mlopt.formats.msccl_xml import parse_program
+from mlopt.formats.plan import load_plan
+from mlopt.sim.collective_algorithms import collective_time, permute_time
+from mlopt.sim.training import SimOptions, simulate_iteration
 
 
 @dataclass(frozen=True)
@@ -64,16 +70,12 @@ def _sidecar_size(xml_path: str) -> int | None:
     sidecar = Path(xml_path).with_suffix(".json")
     if not sidecar.exists():
         return None
-    from mlopt.formats.plan import load_plan
 
     size = load_plan(str(sidecar)).payload.get("size_bytes")
     return int(size) if isinstance(size, (int, float)) else None
 
 
 def xml_plans(paths: Sequence[str]) -> list[XmlPlan]:
-    from mlopt.formats.io import read_bytes
-    from mlopt.formats.msccl_xml import parse_program
-
     out = []
     for path in paths:
         program = parse_program(read_bytes(path), path)
@@ -111,8 +113,6 @@ def make_timer(topology, options: EvaluateOptions, plans: Sequence[XmlPlan] = ()
 
     A permute ignores --algorithm, --splits, --dims and collective plans (MSCCL-EF has no permute): its pairs'
     messages all go at once (`permute_time`)."""
-    from mlopt.sim.collective_algorithms import collective_time, permute_time
-
     def timer(item) -> tuple[float, str]:
         if len(item.group) <= 1 or item.nbytes <= 0:
             return 0.0, "none"
@@ -158,8 +158,6 @@ def classify_plans(paths: Sequence[str], applied_kinds: Collection[str] | None =
     """The plans sorted by what applies them. A plan index stands for the plans it lists; of those, the plans of
     a kind not in `applied_kinds` (None: every kind) are left out (named). A plan whose payload names its
     MSCCL-EF XML (a collective plan's sidecar) stands for that XML beside it."""
-    from mlopt.formats.loaders import load_any
-
     xmls, plans, left_out = [], [], []
     pending = [(p, False) for p in paths]
     while pending:
@@ -190,8 +188,6 @@ def evaluate(workload, topology, options: EvaluateOptions, plans: Sequence[XmlPl
              order: tuple[int, ...] = ()):
     """Simulate `workload` (already chained and with its plans applied) on `topology`; `order` (from a schedule
     plan) issues the collectives in that order instead of `options.policy`."""
-    from mlopt.sim.training import SimOptions, simulate_iteration
-
     check_fits(workload.world_size, topology, source)
     check_plans_cover_workload(plans, workload)
     timer = make_timer(topology, options, plans)

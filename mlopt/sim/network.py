@@ -150,224 +150,304 @@ def _max_min(classes: list[int], weight: dict[int, int], cres: list[tuple[int, .
     return rate
 
 
-def run_tasks(tasks: Sequence[Task], capacities: Sequence[float], *, memo_limit: int = 200_000) -> EngineResult:
-    """Simulate tasks sharing resources of the given capacities (bytes/us). Deterministic."""
-    n = len(tasks)
-    nres = len(capacities)
+def _check_capacities(capacities: Sequence[float]) -> None:
+    """ValueError naming the first resource whose capacity is not > 0."""
     for r, cap in enumerate(capacities):
         if not cap > 0:
             raise ValueError(f"resource {r} has capacity {cap}; capacities must be > 0")
-    # Flow classes: tasks with the same (constraining, accounting) resources share rates.
-    class_key: dict[tuple, int] = {}
-    cres: list[tuple[int, ...]] = []
-    cacc: list[tuple[int, ...]] = []
-    cls = [-1] * n
-    delay = [0.0] * n
-    size = [0.0] * n
-    release = [0.0] * n
-    ndeps = [0] * n
-    dependents: list[list[int]] = [[] for _ in range(n)]
-    res_bytes = [0.0] * nres
-    for i, t in enumerate(tasks):
-        if t.delay_us < 0 or t.nbytes < 0 or math.isnan(t.delay_us) or math.isnan(t.nbytes):
-            raise ValueError(f"task {i}: delay and bytes must be >= 0")
-        delay[i] = float(t.delay_us)
-        size[i] = float(t.nbytes)
-        release[i] = float(t.release_us)
-        acc = t.resources if t.account is None else t.account
-        for r in acc:
-            res_bytes[r] += size[i]
-        if t.nbytes > 0 and t.resources:
-            key = (t.resources, acc)
-            c = class_key.get(key)
-            if c is None:
-                for r in set(t.resources) | set(acc):
-                    if not 0 <= r < nres:
-                        raise ValueError(f"task {i}: unknown resource {r}")
-                c = class_key[key] = len(cres)
-                cres.append(tuple(dict.fromkeys(t.resources)))
-                cacc.append(tuple(dict.fromkeys(acc)))
-            cls[i] = c
-        deps = dict.fromkeys(t.deps)
-        ndeps[i] = len(deps)
-        for d in deps:
-            if not 0 <= d < n or d == i:
-                raise ValueError(f"task {i}: bad dependency {d}")
-            dependents[d].append(i)
 
-    nclasses = len(cres)
-    count = [0] * nclasses  # flows in the byte phase per class
-    vbase = [0.0] * nclasses  # virtual bytes per flow at time tbase
-    tbase = [0.0] * nclasses
-    crate = [0.0] * nclasses  # bytes/us per flow
-    cversion = [0] * nclasses
-    cflows: list[list[tuple[float, int, int]]] = [[] for _ in range(nclasses)]  # (target, seq, task)
-    res_classes: list[dict[int, None]] = [{} for _ in range(nres)]  # active classes per constraining resource
-    active_acc = [0] * nres
-    busy_start = [0.0] * nres
-    busy = [0.0] * nres
-    memo: dict[tuple, tuple[float, ...]] = {}
 
-    start = [math.nan] * n
-    finish = [math.nan] * n
-    events: list[tuple[float, int, int, int, int]] = []  # (time, seq, kind, a, b)
-    ENTER, START, FLOW = 0, 1, 2
-    seq = 0
-    changed: dict[int, None] = {}
+def run_tasks(tasks: Sequence[Task], capacities: Sequence[float], *, memo_limit: int = 200_000) -> EngineResult:
+    """Simulate tasks sharing resources of the given capacities (bytes/us). Deterministic."""
+    _check_capacities(capacities)
+    return _FairShareEngine(tasks, capacities, memo_limit).run()
 
-    def vnow(c: int, t: float) -> float:
-        return vbase[c] + crate[c] * (t - tbase[c])
 
-    # Worklist processing at one instant t (no recursion: zero-cost chains can be long).
-    def settle(todo: list[int], t: float) -> None:
-        nonlocal seq
+# Event kinds of the fair-share engine: a task's latency phase ends (its bytes enter), a task's release time
+# is reached, a class's head flow is predicted to finish.
+_ENTER, _START, _FLOW = 0, 1, 2
+
+
+class _FairShareEngine:
+    """One `run_tasks` run: the tasks grouped into flow classes, the event queue and the classes' flows.
+
+    Tasks with the same (constraining, accounting) resources form a class and share its rate. A class keeps a
+    virtual byte counter (bytes per flow since it became busy: vbase at tbase, growing at crate), and its
+    flows in a heap by the counter value at which each finishes. Events are (time, seq, kind, a, b): seq, one
+    counter for events and flows, keeps ties in the order they were made; a FLOW event carries its class and
+    the class's version, stale once the class's rate changes.
+    """
+
+    def __init__(self, tasks: Sequence[Task], capacities: Sequence[float], memo_limit: int):
+        self.capacities = capacities
+        self.memo_limit = memo_limit
+        self._index_tasks(tasks, len(capacities))
+        n, nres, nclasses = len(tasks), len(capacities), len(self.cres)
+        self.count = [0] * nclasses  # flows in the byte phase per class
+        self.vbase = [0.0] * nclasses  # virtual bytes per flow at time tbase
+        self.tbase = [0.0] * nclasses
+        self.crate = [0.0] * nclasses  # bytes/us per flow
+        self.cversion = [0] * nclasses
+        self.cflows: list[list[tuple[float, int, int]]] = [[] for _ in range(nclasses)]  # (target, seq, task)
+        self.res_classes: list[dict[int, None]] = [{} for _ in range(nres)]  # active classes per constraining resource
+        self.active_acc = [0] * nres
+        self.busy_start = [0.0] * nres
+        self.busy = [0.0] * nres
+        self.memo: dict[tuple, tuple[float, ...]] = {}
+        self.start = [math.nan] * n
+        self.finish = [math.nan] * n
+        self.events: list[tuple[float, int, int, int, int]] = []  # (time, seq, kind, a, b)
+        self.seq = 0
+        self.changed: dict[int, None] = {}  # classes whose flows changed at this instant, in order
+
+    def _index_tasks(self, tasks: Sequence[Task], nres: int) -> None:
+        """Check the tasks, group those with bytes and resources into flow classes, count dependencies."""
+        n = len(tasks)
+        class_key: dict[tuple, int] = {}
+        self.cres: list[tuple[int, ...]] = []
+        self.cacc: list[tuple[int, ...]] = []
+        self.cls = cls = [-1] * n
+        self.delay = delay = [0.0] * n
+        self.size = size = [0.0] * n
+        self.release = release = [0.0] * n
+        self.ndeps = ndeps = [0] * n
+        self.dependents: list[list[int]] = [[] for _ in range(n)]
+        self.res_bytes = res_bytes = [0.0] * nres
+        for i, t in enumerate(tasks):
+            if t.delay_us < 0 or t.nbytes < 0 or math.isnan(t.delay_us) or math.isnan(t.nbytes):
+                raise ValueError(f"task {i}: delay and bytes must be >= 0")
+            delay[i] = float(t.delay_us)
+            size[i] = float(t.nbytes)
+            release[i] = float(t.release_us)
+            acc = t.resources if t.account is None else t.account
+            for r in acc:
+                res_bytes[r] += size[i]
+            if t.nbytes > 0 and t.resources:
+                key = (t.resources, acc)
+                c = class_key.get(key)
+                if c is None:
+                    for r in set(t.resources) | set(acc):
+                        if not 0 <= r < nres:
+                            raise ValueError(f"task {i}: unknown resource {r}")
+                    c = class_key[key] = len(self.cres)
+                    self.cres.append(tuple(dict.fromkeys(t.resources)))
+                    self.cacc.append(tuple(dict.fromkeys(acc)))
+                cls[i] = c
+            deps = dict.fromkeys(t.deps)
+            ndeps[i] = len(deps)
+            for d in deps:
+                if not 0 <= d < n or d == i:
+                    raise ValueError(f"task {i}: bad dependency {d}")
+                self.dependents[d].append(i)
+
+    def run(self) -> EngineResult:
+        """Start the tasks without dependencies, process every instant in time order, collect the result."""
+        todo = [i for i in range(len(self.cls)) if self.ndeps[i] == 0]
+        todo.reverse()
+        self._settle(todo, 0.0)
+        if self.changed:
+            self._rebalance(0.0)
+        now = 0.0
+        while self.events:
+            now = self._process_instant()
+        return self._result(now)
+
+    def _result(self, now: float) -> EngineResult:
+        """The EngineResult once no event is left (`now`: the last instant)."""
+        busy, finish = self.busy, self.finish
+        for r in range(len(busy)):
+            if self.active_acc[r]:  # cannot happen when every flow finished
+                busy[r] += now - self.busy_start[r]
+        unfinished = [i for i in range(len(finish)) if math.isnan(finish[i])]
+        makespan = max((f for f in finish if not math.isnan(f)), default=0.0)
+        return EngineResult(makespan, self.start, finish, busy, self.res_bytes, unfinished)
+
+    def _push(self, time_us: float, kind: int, a: int, b: int = 0) -> None:
+        """Queue an event after every one made before it."""
+        self.seq += 1
+        heapq.heappush(self.events, (time_us, self.seq, kind, a, b))
+
+    def _virtual_bytes(self, c: int, t: float) -> float:
+        """Bytes each flow of class c has moved since the class became busy, at time t."""
+        return self.vbase[c] + self.crate[c] * (t - self.tbase[c])
+
+    # Event handling
+
+    def _process_instant(self) -> float:
+        """Handle every event within the time tolerance of the earliest, then recompute the rates it changed;
+        returns the instant."""
+        events, handle, settle = self.events, self._handle, self._settle
+        t = events[0][0]
+        limit = t + _TIME_EPS * max(1.0, abs(t))
+        todo: list[int] = []
+        while events and events[0][0] <= limit:
+            handle(heapq.heappop(events), t, todo)
+            if todo:
+                settle(todo, t)
+        if self.changed:
+            self._rebalance(t)
+        return t
+
+    def _handle(self, event: tuple[float, int, int, int, int], t: float, todo: list[int]) -> None:
+        """One event at instant t: a (still current) flow prediction, a latency phase's end, a release."""
+        te, _, kind, a, b = event
+        if kind == _FLOW:
+            if b == self.cversion[a]:
+                self._finish_flows(a, te, t, todo)
+        elif kind == _ENTER:
+            self._enter(a, t, todo)
+        else:  # _START: release time reached
+            self._start(a, t, todo)
+
+    def _settle(self, todo: list[int], t: float) -> None:
+        """Start the tasks whose dependencies were met at instant t (a worklist, no recursion: zero-cost
+        chains can be long); one not yet released waits for its release time."""
         while todo:
             i = todo.pop()
-            if release[i] > t * (1 + _TIME_EPS) + 1e-12:
-                seq += 1
-                heapq.heappush(events, (release[i], seq, START, i, 0))
+            if self.release[i] > t * (1 + _TIME_EPS) + 1e-12:
+                self._push(self.release[i], _START, i)
                 continue
-            start[i] = t
-            if delay[i] > 0:
-                seq += 1
-                heapq.heappush(events, (t + delay[i], seq, ENTER, i, 0))
-                continue
-            enter(i, t, todo)
+            self._start(i, t, todo)
 
-    def enter(i: int, t: float, todo: list[int]) -> None:
-        nonlocal seq
-        c = cls[i]
+    def _start(self, i: int, t: float, todo: list[int]) -> None:
+        """Task i starts at t: its latency phase, or its byte phase at once without a delay."""
+        self.start[i] = t
+        if self.delay[i] > 0:
+            self._push(t + self.delay[i], _ENTER, i)
+        else:
+            self._enter(i, t, todo)
+
+    def _enter(self, i: int, t: float, todo: list[int]) -> None:
+        """Task i's bytes start to flow at t (a task without bytes or resources completes)."""
+        c = self.cls[i]
         if c < 0:
-            complete(i, t, todo)
+            self._complete(i, t, todo)
             return
-        if count[c] == 0:
-            vbase[c] = 0.0
-            tbase[c] = t
-            for r in cres[c]:
-                res_classes[r][c] = None
-            for r in cacc[c]:
-                active_acc[r] += 1
-                if active_acc[r] == 1:
-                    busy_start[r] = t
-        count[c] += 1
-        seq += 1
-        heapq.heappush(cflows[c], (vnow(c, t) + size[i], seq, i))
-        changed[c] = None
+        if self.count[c] == 0:
+            self._class_busy(c, t)
+        self.count[c] += 1
+        self.seq += 1
+        heapq.heappush(self.cflows[c], (self._virtual_bytes(c, t) + self.size[i], self.seq, i))
+        self.changed[c] = None
 
-    def complete(i: int, t: float, todo: list[int]) -> None:
-        finish[i] = t
-        for j in dependents[i]:
+    def _class_busy(self, c: int, t: float) -> None:
+        """Class c gets its first flow at t: reset its counter, put it on its resources, open busy intervals."""
+        self.vbase[c] = 0.0
+        self.tbase[c] = t
+        for r in self.cres[c]:
+            self.res_classes[r][c] = None
+        for r in self.cacc[c]:
+            self.active_acc[r] += 1
+            if self.active_acc[r] == 1:
+                self.busy_start[r] = t
+
+    def _class_idle(self, c: int, t: float) -> None:
+        """Class c's last flow finished at t: take it off its resources, close busy intervals."""
+        for r in self.cres[c]:
+            del self.res_classes[r][c]
+        for r in self.cacc[c]:
+            self.active_acc[r] -= 1
+            if self.active_acc[r] == 0:
+                self.busy[r] += t - self.busy_start[r]
+
+    def _complete(self, i: int, t: float, todo: list[int]) -> None:
+        """Task i finishes at t; the dependents it was the last dependency of join the worklist."""
+        self.finish[i] = t
+        ndeps = self.ndeps
+        for j in self.dependents[i]:
             ndeps[j] -= 1
             if ndeps[j] == 0:
                 todo.append(j)
 
-    def finish_flows(c: int, t_check: float, t: float, todo: list[int]) -> None:
-        if not count[c]:
+    def _finish_flows(self, c: int, t_check: float, t: float, todo: list[int]) -> None:
+        """Complete at t the flows of class c whose bytes have passed by t_check (within the tolerances)."""
+        if not self.count[c]:
             return
-        v = vnow(c, t_check)
-        flows = cflows[c]
+        v = self._virtual_bytes(c, t_check)
+        flows = self.cflows[c]
+        size = self.size
         done = False
-        slack = 4 * crate[c] * _TIME_EPS * max(1.0, t_check)  # bytes moved within the time tolerance
+        slack = 4 * self.crate[c] * _TIME_EPS * max(1.0, t_check)  # bytes moved within the time tolerance
         while flows and flows[0][0] - v <= max(_BYTES_EPS * size[flows[0][2]], 1e-13 * flows[0][0], slack):
             _, _, i = heapq.heappop(flows)
-            count[c] -= 1
+            self.count[c] -= 1
             done = True
-            complete(i, t, todo)
-        changed[c] = None  # new prediction even if rounding left the head flow a hair short
-        if done:
-            if count[c] == 0:
-                for r in cres[c]:
-                    del res_classes[r][c]
-                for r in cacc[c]:
-                    active_acc[r] -= 1
-                    if active_acc[r] == 0:
-                        busy[r] += t - busy_start[r]
+            self._complete(i, t, todo)
+        self.changed[c] = None  # new prediction even if rounding left the head flow a hair short
+        if done and self.count[c] == 0:
+            self._class_idle(c, t)
 
-    def rebalance(t: float) -> None:
+    # Fair-share rates
+
+    def _rebalance(self, t: float) -> None:
         """Recompute rates for every component touched by this instant's changes."""
-        nonlocal seq
+        crate, changed = self.crate, self.changed
         seen: set[int] = set()
         seen_res: set[int] = set()
-        seeds: list[int] = []
-        for c in changed:
-            if count[c]:
-                seeds.append(c)
-            else:
-                crate[c] = 0.0
-                cversion[c] += 1
-                for r in cres[c]:
-                    seeds.extend(res_classes[r])
-        for seed in seeds:
+        for seed in self._rebalance_seeds():
             if seed in seen:
                 continue
-            comp = [seed]
-            seen.add(seed)
-            k = 0
-            while k < len(comp):
-                for r in cres[comp[k]]:
-                    if r in seen_res:
-                        continue
-                    seen_res.add(r)
-                    for c2 in res_classes[r]:
-                        if c2 not in seen:
-                            seen.add(c2)
-                            comp.append(c2)
-                k += 1
-            comp.sort()
-            key = tuple((c, count[c]) for c in comp)
-            rates = memo.get(key)
-            if rates is None:
-                got = _max_min(comp, {c: count[c] for c in comp}, cres, capacities)
-                rates = tuple(got[c] for c in comp)
-                if len(memo) >= memo_limit:
-                    memo.clear()
-                memo[key] = rates
-            for c, rt in zip(comp, rates):
+            comp = self._component(seed, seen, seen_res)
+            for c, rt in zip(comp, self._fair_rates(comp)):
                 if rt == crate[c] and c not in changed:
                     continue  # same rate, same head flow: its pending prediction still holds
-                vbase[c] = vbase[c] + crate[c] * (t - tbase[c])
-                tbase[c] = t
-                crate[c] = rt
-                cversion[c] += 1
-                if rt > 0:
-                    seq += 1
-                    heapq.heappush(events, (t + (cflows[c][0][0] - vbase[c]) / rt, seq, FLOW, c, cversion[c]))
+                self._set_rate(c, rt, t)
         changed.clear()
 
-    todo = [i for i in range(n) if ndeps[i] == 0]
-    todo.reverse()
-    settle(todo, 0.0)
-    if changed:
-        rebalance(0.0)
-    now = 0.0
-    while events:
-        t = events[0][0]
-        limit = t + _TIME_EPS * max(1.0, abs(t))
-        todo = []
-        while events and events[0][0] <= limit:
-            te, _, kind, a, b = heapq.heappop(events)
-            if kind == FLOW:
-                if b == cversion[a]:
-                    finish_flows(a, te, t, todo)
-            elif kind == ENTER:
-                enter(a, t, todo)
-            else:  # START: release time reached
-                start[a] = t
-                if delay[a] > 0:
-                    seq += 1
-                    heapq.heappush(events, (t + delay[a], seq, ENTER, a, 0))
-                else:
-                    enter(a, t, todo)
-            settle(todo, t)
-        now = t
-        if changed:
-            rebalance(t)
-    for r in range(nres):
-        if active_acc[r]:  # cannot happen when every flow finished
-            busy[r] += now - busy_start[r]
-    unfinished = [i for i in range(n) if math.isnan(finish[i])]
-    makespan = max((f for f in finish if not math.isnan(f)), default=0.0)
-    return EngineResult(makespan, start, finish, busy, res_bytes, unfinished)
+    def _rebalance_seeds(self) -> list[int]:
+        """The changed classes that still have flows, and the classes sharing a resource with a changed class
+        that has none left (whose rate drops to 0 here)."""
+        seeds: list[int] = []
+        for c in self.changed:
+            if self.count[c]:
+                seeds.append(c)
+            else:
+                self.crate[c] = 0.0
+                self.cversion[c] += 1
+                for r in self.cres[c]:
+                    seeds.extend(self.res_classes[r])
+        return seeds
+
+    def _component(self, seed: int, seen: set[int], seen_res: set[int]) -> list[int]:
+        """The busy classes connected to `seed` through shared resources, in class order (marks them seen)."""
+        cres, res_classes = self.cres, self.res_classes
+        comp = [seed]
+        seen.add(seed)
+        k = 0
+        while k < len(comp):
+            for r in cres[comp[k]]:
+                if r in seen_res:
+                    continue
+                seen_res.add(r)
+                for c2 in res_classes[r]:
+                    if c2 not in seen:
+                        seen.add(c2)
+                        comp.append(c2)
+            k += 1
+        comp.sort()
+        return comp
+
+    def _fair_rates(self, comp: list[int]) -> tuple[float, ...]:
+        """The max-min fair rate per flow of each class of a component, memoised by (class, flows) pairs."""
+        count = self.count
+        key = tuple((c, count[c]) for c in comp)
+        rates = self.memo.get(key)
+        if rates is None:
+            got = _max_min(comp, {c: count[c] for c in comp}, self.cres, self.capacities)
+            rates = tuple(got[c] for c in comp)
+            if len(self.memo) >= self.memo_limit:
+                self.memo.clear()
+            self.memo[key] = rates
+        return rates
+
+    def _set_rate(self, c: int, rate: float, t: float) -> None:
+        """Class c moves at `rate` from t on: carry its counter over and predict its head flow's finish."""
+        self.vbase[c] = self.vbase[c] + self.crate[c] * (t - self.tbase[c])
+        self.tbase[c] = t
+        self.crate[c] = rate
+        self.cversion[c] += 1
+        if rate > 0:
+            self._push(t + (self.cflows[c][0][0] - self.vbase[c]) / rate, _FLOW, c, self.cversion[c])
 
 
 def run_tasks_fifo(tasks: Sequence[Task], capacities: Sequence[float]) -> EngineResult:
@@ -380,9 +460,7 @@ def run_tasks_fifo(tasks: Sequence[Task], capacities: Sequence[float]) -> Engine
     so when the earliest outstanding request is served every request before it on its resources is known.
     """
     n = len(tasks)
-    for r, cap in enumerate(capacities):
-        if not cap > 0:
-            raise ValueError(f"resource {r} has capacity {cap}; capacities must be > 0")
+    _check_capacities(capacities)
     dependents: list[list[int]] = [[] for _ in range(n)]
     missing = [0] * n
     for i, t in enumerate(tasks):

@@ -23,7 +23,7 @@ def _get(row: Any, key: str, default: Any = None) -> Any:
 
 
 def _save(fig: Any, path: str | os.PathLike) -> Path:
-    import matplotlib
+    import matplotlib  # lazy: matplotlib takes ~0.5 s to import and only plots need it
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     path = Path(path)
@@ -62,7 +62,7 @@ def plot_size_sweep(rows: Iterable[Any], path: str | os.PathLike, *, metric: str
     bound given for each size; for algbw, the matching upper bound buffer / bound). Series are drawn in
     name order, points in size order. Returns the path written.
     """
-    from matplotlib.figure import Figure
+    from matplotlib.figure import Figure  # lazy: matplotlib takes ~0.5 s to import and only plots need it
 
     if metric not in ("time", "algbw"):
         raise ValueError("metric must be 'time' or 'algbw'")
@@ -110,7 +110,7 @@ def plot_timeline(result: Any, path: str | os.PathLike, *, title: str | None = N
     """Gantt chart of a simulation's messages: one row per link (src->dst), a bar per message from issue
     to delivery, coloured by sender. `result` is a SimResult or TransferResult simulated with
     timeline=True."""
-    import matplotlib
+    import matplotlib  # lazy: matplotlib takes ~0.5 s to import and only plots need it
     from matplotlib.figure import Figure
 
     entries = getattr(result, "timeline", None)

@@ -32,7 +32,7 @@ def plot_gantt(report: IterationReport, path: str | os.PathLike, title: str | No
     """Lanes top to bottom: compute, each channel, and a last row marking exposed communication (collectives
     running while compute idles). Compute bars are coloured by phase, collectives by kind; dashed lines
     mark iteration boundaries. Returns the path written (format from its suffix)."""
-    from matplotlib.figure import Figure
+    from matplotlib.figure import Figure  # lazy: matplotlib takes ~0.5 s to import and only plots need it
     from matplotlib.patches import Patch
 
     lanes = report.lanes() + ["exposed comm"]
@@ -92,7 +92,7 @@ def plot_exposed(report: IterationReport, path: str | os.PathLike, title: str | 
                  top: int = 30) -> Path:
     """Horizontal bars, one per collective in start order: its exposed time (compute idle) and its
     overlapped time (hidden behind compute). With more than `top` collectives, the `top` most exposed."""
-    from matplotlib.figure import Figure
+    from matplotlib.figure import Figure  # lazy: matplotlib takes ~0.5 s to import and only plots need it
 
     rows = _top_collectives(report, top)
     iterations = len(report.per_iteration_us)

@@ -31,6 +31,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from mlopt.errors import InputError
+from mlopt.formats.sizes import parse_size
 from mlopt.formats.trace import ModelTrace, Op, pairs_problem
 
 COMPUTE, COMM = "compute", "comm"
@@ -471,8 +472,6 @@ def _spec_float(spec: str, fields: dict[str, str], key: str, default: float | No
 
 
 def _spec_size(spec: str, fields: dict[str, str], key: str, default: int | None = None) -> int:
-    from mlopt.formats.sizes import parse_size
-
     if key not in fields:
         if default is None:
             raise ValueError(f"workload spec {spec!r}: missing {key}=")

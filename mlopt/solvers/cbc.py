@@ -69,7 +69,7 @@ class CbcRun:
 def find_cbc() -> str | None:
     """Path of a runnable CBC binary: pulp's bundled one, else a `cbc` on PATH (pulp[cbc] / cbcbox)."""
     try:
-        from pulp.apis import coin_api
+        from pulp.apis import coin_api  # lazy: a missing or broken pulp means no bundled CBC, not an import error
     except Exception:  # noqa: BLE001 - pulp missing or broken: no CBC from it
         coin_api = None
     candidates = []

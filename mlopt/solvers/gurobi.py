@@ -34,7 +34,7 @@ _LIMITS = {7: "iteration limit", 8: "node limit", 10: "solution limit", 11: "int
 
 
 def _import_gurobipy():
-    import gurobipy  # optional dependency; ImportError is reported as "unavailable"
+    import gurobipy  # lazy: optional dependency; ImportError is reported as "unavailable"
 
     return gurobipy
 

@@ -29,7 +29,8 @@ from mlopt.solvers.model import MatrixForm
 
 
 def _import_highspy():
-    import highspy  # imported lazily so that listing solvers never fails on a broken install
+    # lazy: a broken highspy install must read as unavailable in `mlopt solvers`, not fail importing mlopt.solvers
+    import highspy
 
     return highspy
 

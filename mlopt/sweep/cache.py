@@ -24,7 +24,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import mlopt
 from mlopt import __version__
+from mlopt.formats.io import atomic_write_bytes, canonical_json, sha256_bytes, sha256_file
 from mlopt.sweep.cells import Cell
 
 ENTRY = "entry.json"
@@ -40,8 +42,6 @@ def default_cache_dir() -> Path:
 @functools.lru_cache(maxsize=1)
 def code_fingerprint() -> str:
     """sha256 over the installed mlopt package's Python sources and schemas (names and bytes)."""
-    import mlopt
-
     root = Path(mlopt.__file__).resolve().parent
     digest = hashlib.sha256()
     for path in sorted(root.rglob("*")):
@@ -53,8 +53,6 @@ def code_fingerprint() -> str:
 
 def key_material(cell: Cell) -> dict[str, Any]:
     """What the key hashes (kept readable in entry.json)."""
-    from mlopt.formats.io import sha256_file
-
     command = ["plan", cell.planner, *cell.args, "-o", cell.basename]
     inputs = {}
     for arg in cell.args:
@@ -64,8 +62,6 @@ def key_material(cell: Cell) -> dict[str, Any]:
 
 
 def cell_key(cell: Cell) -> str:
-    from mlopt.formats.io import canonical_json, sha256_bytes
-
     return sha256_bytes(canonical_json(key_material(cell)).encode())
 
 
@@ -78,8 +74,6 @@ class PlanCache:
 
     def lookup(self, key: str) -> dict[str, bytes] | None:
         """The cached files (name -> bytes) when a complete, intact entry exists; None otherwise."""
-        from mlopt.formats.io import sha256_bytes
-
         folder = self._dir(key)
         try:
             import json
@@ -97,8 +91,6 @@ class PlanCache:
 
     def store(self, key: str, cell: Cell, files: dict[str, bytes]) -> None:
         """Publish an entry (first writer wins; a failure to cache never fails the sweep)."""
-        from mlopt.formats.io import canonical_json, sha256_bytes
-
         folder = self._dir(key)
         if (folder / ENTRY).exists():
             return
@@ -123,8 +115,6 @@ class PlanCache:
 def install_files(out_dir: Path, cell: Cell, files: dict[str, bytes]) -> None:
     """Write a cell's files under out_dir atomically, side files first and the plan envelope last (so a
     complete plan envelope means the cell's files are all there)."""
-    from mlopt.formats.io import atomic_write_bytes
-
     folder = out_dir / Path(cell.output).parent
     plan_name = Path(cell.plan_file).name
     for name in sorted(files, key=lambda n: (n == plan_name, n)):

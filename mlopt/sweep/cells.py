@@ -1,8 +1,8 @@
 """A sweep cell: one `mlopt plan PLANNER ...` invocation, its output files, and how a worker runs it.
 
-A cell is run in-process through the very click command `mlopt plan PLANNER` is (mlopt.sweep.command), so a
-cell's plan is the plan that command writes: the worker gives it `-o TMP/NAME` in a private temporary
-folder and sends back the bytes of every file written there; the client installs them under the sweep's
+A cell is run in-process by the function `mlopt plan PLANNER` itself calls, the kind's `plan_files`
+(mlopt.sweep.command), with the cell's options by flag name, so a cell's plan is the plan that command
+writes: the worker gives it `-o TMP/NAME` in a private temporary folder and sends back the bytes of every file written there; the client installs them under the sweep's
 output folder atomically. Plans name their side files by base name only (`"xml": "ag.xml"`, the tuner
 CSV's name), so the bytes do not depend on the folder they were written in, and a cell's plan equals the
 one `mlopt plan PLANNER ARGS -o DIR/GRID/NAME` writes directly.
@@ -27,7 +27,7 @@ from mlopt.formats.io import parse_document
 from mlopt.formats.plan import PlanFile, plan_from_dict
 from mlopt.planners.protocol import PlannerKind
 from mlopt.planners.registry import plan_metrics, planner_kind
-from mlopt.sweep.command import invoke
+from mlopt.sweep.command import run_planner
 
 EXIT_INFEASIBLE = 3
 
@@ -52,9 +52,11 @@ class Cell:
     grid: str  # the grid's name: the sub-folder of the output folder
     planner: str
     axes: tuple[tuple[str, str], ...]  # (axis, value as written in the spec) in grid order
-    args: tuple[str, ...]  # planner arguments, without -o
+    args: tuple[str, ...]  # planner arguments, without -o (the direct command's; the cache key hashes them)
     output: str  # -o path relative to the sweep folder (posix): GRID/NAME.SUFFIX
     record_wall_time: bool = False  # such plans are not byte-reproducible: never cached
+    # the same arguments by flag name, converted as the command line converts them (what the worker plans with)
+    options: tuple[tuple[str, Any], ...] = ()
 
     @property
     def stem(self) -> str:
@@ -88,20 +90,20 @@ class Cell:
     def task(self, out_dir: str | os.PathLike) -> dict[str, Any]:
         """What a worker needs (plain data, cheap to ship to Dask or Ray workers); `folder` only names the
         final folder in messages in place of the worker's temporary one."""
-        return {"planner": self.planner, "args": list(self.args), "basename": self.basename,
+        return {"planner": self.planner, "options": dict(self.options), "basename": self.basename,
                 "folder": str(Path(out_dir) / PurePosixPath(self.output).parent)}
 
 
 def run_cell(task: dict[str, Any]) -> dict[str, Any]:
-    """Run one cell's `mlopt plan` command in this process, writing into a private temporary folder.
+    """Run one cell's `mlopt plan` in this process (its kind's plan_files), writing into a private temporary
+    folder.
 
     Returns {"code", "message", "warnings", "wall_s", "files": {name: bytes}}; code and message are what
     `mlopt` would exit with and print (0 and "" on success). Runs on workers: plain data in and out.
     """
     with tempfile.TemporaryDirectory(prefix="mlopt-sweep-cell-") as tmp:
-        argv = ["-q", "plan", task["planner"], *task["args"], "-o", os.path.join(tmp, task["basename"])]
         started = time.perf_counter()
-        code, message, caught = invoke(argv)
+        code, message, caught = run_planner(task["planner"], task["options"], Path(tmp) / task["basename"])
         wall = time.perf_counter() - started
         if task.get("folder"):
             message = message.replace(tmp, task["folder"])

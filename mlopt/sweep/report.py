@@ -14,6 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from mlopt.errors import InputError
+from mlopt.formats.io import atomic_write_text
+from mlopt.formats.show import stdout_console
+from mlopt.sim.plots import plot_size_sweep
+from mlopt.sweep.spec import _token
 
 FIRST = ["grid", "cell"]
 AFTER_AXES = ["status", "exit_code", "objective", "gap", "wall_s", "cache", "plan"]
@@ -77,8 +81,6 @@ def markdown_table(df) -> str:
 
 def write_summary(out_dir: Path, rows: list[dict[str, Any]], spec_path: str, counts: dict[str, int],
                   plots: list[str]) -> tuple[Path, Path]:
-    from mlopt.formats.io import atomic_write_text
-
     df = frame(rows)
     csv_path, md_path = (out_dir / name for name in SUMMARY_FILES)
     atomic_write_text(csv_path, df.to_csv(index=False, lineterminator="\n"))
@@ -102,9 +104,6 @@ def _arg(args: tuple[str, ...], name: str) -> str | None:
 
 def collective_plots(out_dir: Path, cells: list, rows: list[dict[str, Any]]) -> list[str]:
     """algbw vs size per (grid, collective, topology) of the collective cells with plans; relative paths."""
-    from mlopt.sim.plots import plot_size_sweep
-    from mlopt.sweep.spec import _token
-
     groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
     for cell, row in zip(cells, rows):
         if cell.planner != "collective" or row.get("time_us") in (None, 0) or not row.get("buffer_bytes"):
@@ -131,8 +130,6 @@ def print_table(rows: list[dict[str, Any]], title: str) -> None:
     """The per-cell summary as a rich table on stdout."""
     from rich.table import Table
     from rich.text import Text
-
-    from mlopt.formats.show import stdout_console
 
     table = Table(title=title)
     table.add_column("cell", overflow="fold", min_width=12)

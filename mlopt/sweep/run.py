@@ -17,11 +17,12 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from mlopt.errors import InputError, MloptError
+from mlopt.formats.io import output_error
 from mlopt.planners.registry import plan_metrics
 from mlopt.sweep import cache as cache_mod
 from mlopt.sweep.cells import Cell, complete_plan, metrics_from_files, status_of_exit
 from mlopt.sweep.executors import check_available, execute
-from mlopt.sweep.report import collective_plots, require_pandas, write_summary
+from mlopt.sweep.report import SUMMARY_FILES, collective_plots, require_pandas, write_summary
 from mlopt.sweep.spec import load_spec
 
 PLAN_STATUSES = ("optimal", "feasible", "heuristic")
@@ -66,8 +67,6 @@ def run_sweep(spec_path: str, out_dir: str, *, executor: str = "local", address:
         out.mkdir(parents=True, exist_ok=True)
         return _run(spec, out, executor, address, workers, resume, cache_dir, use_cache, verbose, bar)
     except OSError as exc:
-        from mlopt.formats.io import output_error
-
         undo_outputs(out, new_folder, before)
         raise output_error(out, exc) from None
     except BaseException:  # a failure or Ctrl-C of the sweep itself (not of a cell): leave no new files
@@ -77,8 +76,6 @@ def run_sweep(spec_path: str, out_dir: str, *, executor: str = "local", address:
 
 def check_summary_paths(out: Path) -> None:
     """The summary files must be writable as files: found before any cell runs, not after the last one."""
-    from mlopt.sweep.report import SUMMARY_FILES
-
     for name in SUMMARY_FILES:
         if (out / name).is_dir():
             raise InputError(str(out / name), "$", "is a directory; the sweep writes its summary there")

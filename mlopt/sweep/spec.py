@@ -9,8 +9,9 @@
       size: 1KiB..1GiB             # `size` of a collective grid also takes a range (x4 steps)
       topology: [ndv2x2, dgx2x2]
 
-or several such grids under `grids: [...]`. Option values are checked with the command's own option types
-(choices, ranges) when the spec is loaded, so a typo exits 2 naming the spec and the field before any cell
+or several such grids under `grids: [...]`. Option values are checked with the command's own option declarations
+(mlopt.planners.options.CommandOption: types, choices, ranges; the command line builds its flags from the
+same declarations) when the spec is loaded, so a typo exits 2 naming the spec and the field before any cell
 runs; what only the planner can judge (a sketch's content, an infeasible budget) fails that cell alone.
 Relative paths of file options (model, sketch, ops, contention, cost-table, and topology files) are
 resolved against the spec's folder and passed on as absolute paths.
@@ -25,13 +26,15 @@ import functools
 import hashlib
 import itertools
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import click
-
 from mlopt.errors import InputError
+from mlopt.formats.io import check_regular_file, read_document
+from mlopt.formats.loaders import load_trace_any, resolve_topology
+from mlopt.formats.sizes import format_size, parse_size_range
+from mlopt.planners.options import CommandOption, convert_option
 from mlopt.planners.registry import find_kind, kind_names
 from mlopt.sweep.cells import REFUSED_OPTIONS, Cell
 from mlopt.sweep.command import plan_options
@@ -54,8 +57,6 @@ class Spec:
 
 def load_spec(path: str | Path) -> Spec:
     """Read and check a sweep spec; InputError (exit 2) naming the spec and the field otherwise."""
-    from mlopt.formats.io import read_document
-
     source = str(path)
     doc = read_document(path)
     if not isinstance(doc, dict):
@@ -108,7 +109,7 @@ def _grid_cells(grid: dict[str, Any], field: str, source: str, base: Path, first
         raise InputError(source, f"{field}.name", f"{name!r}: expected a folder name (letters, digits, . _ -)")
     known = plan_options(planner)
 
-    def option(key: Any, where: str) -> tuple[str, click.Option]:
+    def option(key: Any, where: str) -> tuple[str, CommandOption]:
         norm = str(key).lstrip("-").replace("_", "-")
         if norm in REFUSED_OPTIONS:
             raise InputError(source, where, f"--{norm} cannot be set in a sweep: {REFUSED_OPTIONS[norm]}")
@@ -125,14 +126,14 @@ def _grid_cells(grid: dict[str, Any], field: str, source: str, base: Path, first
             return str(base / p)
         return text
 
-    def values(norm: str, param: click.Option, value: Any, where: str) -> tuple[list[str], str]:
-        """(argv fragment, file-name token) of one option value."""
-        if param.is_flag:
+    def values(norm: str, param: CommandOption, value: Any, where: str) -> tuple[list[str], str, Any]:
+        """(argv fragment, file-name token, value as the command converts it) of one option value."""
+        if param.type == "flag":
             if not isinstance(value, bool):
                 raise InputError(source, where, f"--{norm} is a flag: expected true or false, found {value!r}")
-            return ([f"--{norm}"] if value else []), (norm if value else f"no-{norm}")
+            return ([f"--{norm}"] if value else []), (norm if value else f"no-{norm}"), value
         items = value if isinstance(value, list) and param.multiple else [value]
-        args, tokens = [], []
+        args, tokens, converted = [], [], []
         for k, item in enumerate(items):
             here = f"{where}[{k}]" if items is value else where
             if isinstance(item, (list, dict)):
@@ -143,15 +144,16 @@ def _grid_cells(grid: dict[str, Any], field: str, source: str, base: Path, first
                 raise InputError(source, here, f"--{norm} takes a value, found {item!r}")
             text = str(item)
             try:
-                param.type.convert(text, param, None)
-            except click.BadParameter as exc:
-                raise InputError(source, here, f"--{norm}: {exc.message}") from None
+                convert_option(param, text)
+            except ValueError as exc:
+                raise InputError(source, here, f"--{norm}: {exc}") from None
             if norm in kind.file_inputs or norm in kind.named_inputs:
                 text = resolve(norm, text)
                 inputs.append((norm, text, norm in kind.file_inputs, here))
             args += [f"--{norm}", text]
+            converted.append(convert_option(param, text))
             tokens.append(_token(str(item), norm in kind.file_inputs or Path(text).is_file()))
-        return args, "+".join(tokens)
+        return args, "+".join(tokens), tuple(converted) if param.multiple else converted[0]
 
     options = grid.get("options") or {}
     if not isinstance(options, dict):
@@ -162,6 +164,7 @@ def _grid_cells(grid: dict[str, Any], field: str, source: str, base: Path, first
         raise InputError(source, f"{field}.grid", f"expected a mapping of option: [values], found "
                                                   f"{type(axes).__name__}")
     fixed: list[str] = []
+    fixed_options: list[tuple[str, Any]] = []
     given: dict[str, str] = {}
     record_wall_time = False
     for key, value in options.items():
@@ -170,10 +173,12 @@ def _grid_cells(grid: dict[str, Any], field: str, source: str, base: Path, first
         if norm in given:
             raise InputError(source, where, f"--{norm} is given twice (as {given[norm]})")
         given[norm] = where
-        args, _ = values(norm, param, value, where)
+        args, _, converted = values(norm, param, value, where)
         fixed += args
+        fixed_options.append((norm, converted))
         record_wall_time |= norm == "record-wall-time" and value is True
-    axis_values: list[list[tuple[list[str], str, str, bool]]] = []  # per axis: (args, token, shown, rwt)
+    # per axis: (args, token, shown, record-wall-time, (option, converted value))
+    axis_values: list[list[tuple[list[str], str, str, bool, tuple[str, Any]]]] = []
     axis_names: list[str] = []
     for key, value in axes.items():
         where = f"{field}.grid.{key}"
@@ -182,8 +187,6 @@ def _grid_cells(grid: dict[str, Any], field: str, source: str, base: Path, first
             raise InputError(source, where, f"--{norm} is also given as {given[norm]}")
         given[norm] = where
         if planner == "collective" and norm == "size" and isinstance(value, str):
-            from mlopt.formats.sizes import format_size, parse_size_range
-
             try:
                 value = [format_size(s) for s in parse_size_range(value, f"{source}: {where}")]
             except InputError as exc:
@@ -193,13 +196,13 @@ def _grid_cells(grid: dict[str, Any], field: str, source: str, base: Path, first
         seen: dict[str, int] = {}
         entries = []
         for k, item in enumerate(value):
-            args, token = values(norm, param, item, f"{where}[{k}]")
+            args, token, converted = values(norm, param, item, f"{where}[{k}]")
             key_text = repr(args)
             if key_text in seen:
                 raise InputError(source, f"{where}[{k}]", f"{item!r} repeats {where}[{seen[key_text]}]")
             seen[key_text] = k
             shown = "+".join(str(x) for x in item) if isinstance(item, list) else str(item)
-            entries.append((args, token, shown, norm == "record-wall-time" and item is True))
+            entries.append((args, token, shown, norm == "record-wall-time" and item is True, (norm, converted)))
         axis_values.append(entries)
         axis_names.append(norm)
     missing = [f"--{n}" for n, p in known.items() if p.required and n not in given and n != "output"]
@@ -208,15 +211,16 @@ def _grid_cells(grid: dict[str, Any], field: str, source: str, base: Path, first
                                         f"`options:` (one value) or `grid:` (a list)")
     cells = []
     for k, combo in enumerate(itertools.product(*axis_values)):
-        args = list(fixed)
+        args, cell_options = list(fixed), list(fixed_options)
         for entry in combo:
             args += entry[0]
+            cell_options.append(entry[4])
         stem = "-".join(entry[1] for entry in combo) or name
         cells.append(Cell(
             index=first_index + k, grid=name, planner=planner,
             axes=tuple((axis, entry[2]) for axis, entry in zip(axis_names, combo)),
             args=tuple(args), output=f"{name}/{stem}{kind.output_suffix}",
-            record_wall_time=record_wall_time or any(entry[3] for entry in combo)))
+            record_wall_time=record_wall_time or any(entry[3] for entry in combo), options=tuple(cell_options)))
     return _unique_names(cells)
 
 
@@ -233,16 +237,10 @@ def check_input(option: str, path: str, always_file: bool, source: str, where: s
 
 @functools.lru_cache(maxsize=None)
 def _load_input(option: str, path: str) -> None:
-    from mlopt.formats.io import check_regular_file
-
     check_regular_file(path)
     if option == "model":
-        from mlopt.formats.loaders import load_trace_any
-
         load_trace_any(path)
     elif option == "topology":
-        from mlopt.formats.loaders import resolve_topology
-
         resolve_topology(path)
 
 
@@ -275,7 +273,6 @@ def _unique_names(cells: list[Cell]) -> list[Cell]:
         if count[cell.output] > 1:
             digest = hashlib.sha256("\0".join(cell.args).encode()).hexdigest()[:8]
             stem = cell.output[: -len(suffix)]
-            cell = Cell(cell.index, cell.grid, cell.planner, cell.axes, cell.args, f"{stem}-{digest}{suffix}",
-                        cell.record_wall_time)
+            cell = replace(cell, output=f"{stem}-{digest}{suffix}")
         out.append(cell)
     return out

@@ -163,3 +163,19 @@ def test_the_plans_of_mlopt_plan_model_by_their_index(run_cli, ddp_trace, tmp_pa
         if row["collective"] == "broadcast":  # planned for exactly this size
             sidecar = json.loads(Path(row["algorithm"][4:]).with_suffix(".json").read_text())
             assert sidecar["payload"]["size_bytes"] == row["bytes"]
+
+
+def test_simulate_options_mirror_the_flags_one_to_one():
+    """`mlopt simulate`'s parameters are SimulateOptions' fields, one flag (or FILES) each, same defaults."""
+    from dataclasses import fields
+
+    from mlopt.cli import SimulateOptions, cli
+
+    params = {p.name: p for p in cli.commands["simulate"].params}
+    assert set(params) == {f.name for f in fields(SimulateOptions)}
+    for f in fields(SimulateOptions):
+        if f.name == "files":  # the FILES argument
+            continue
+        assert params[f.name].default == f.default, f.name
+        flag = "--json" if f.name == "as_json" else "--" + f.name.replace("_", "-")
+        assert flag in params[f.name].opts, f.name

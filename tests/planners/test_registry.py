@@ -179,3 +179,87 @@ def test_without_registering_the_fifth_kind_is_unknown(tmp_path):
     plan_path = _fake_plan(tmp_path / "a.fake.json")
     with pytest.raises(Exception, match="no validator for plan kind 'fake'"):
         validate_file(str(plan_path))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# `mlopt plan KIND` without click: a sweep cell calls the kind's plan_files, never mlopt.cli
+
+SWEEP_SPEC = """
+grids:
+  - planner: memory
+    options: {{model: {trace}, algorithm: store-all}}
+    grid: {{budget-ratio: [1]}}
+  - planner: collective
+    options: {{topology: "ring:4", algorithm: ring, size: 16KiB}}
+    grid: {{collective: [allgather]}}
+  - planner: threads
+    options: {{model: {trace}, chunks: 40}}
+    grid: {{nodes: [2]}}
+  - planner: schedule
+    options: {{model: {trace}, topology: "fully-connected:2", max-steps: 20}}
+    grid: {{algorithm: [fifo]}}
+"""
+# every cell of the spec through mlopt.sweep.cells.run_cell, in a fresh interpreter that must not import mlopt.cli
+RUN_CELLS = """
+import sys
+from pathlib import Path
+from mlopt.sweep.cells import run_cell
+from mlopt.sweep.spec import load_spec
+spec, out = sys.argv[1], Path(sys.argv[2])
+for cell in load_spec(spec).cells:
+    result = run_cell(cell.task(out))
+    assert result["code"] == 0, (cell.output, result["message"])
+    for name, data in result["files"].items():
+        (out / cell.grid).mkdir(parents=True, exist_ok=True)
+        (out / cell.grid / name).write_bytes(data)
+assert "mlopt.cli" not in sys.modules, "the sweep imported mlopt.cli"
+assert "click" not in sys.modules, "the sweep imported click"
+"""
+
+
+def test_a_sweep_cell_equals_the_direct_command_without_the_command_line(ddp_example_trace, run_cli, tmp_path):
+    import subprocess
+    import sys
+
+    from mlopt.sweep.spec import load_spec
+
+    spec = tmp_path / "every-kind.yaml"
+    spec.write_text(SWEEP_SPEC.format(trace=ddp_example_trace))
+    cells = load_spec(spec).cells
+    assert sorted(c.planner for c in cells) == sorted(registry.kind_names())
+    swept = tmp_path / "swept"
+    done = subprocess.run([sys.executable, "-c", RUN_CELLS, str(spec), str(swept)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    for cell in cells:
+        direct = run_cli("-q", *cell.argv(tmp_path / "direct"))
+        assert direct.code == 0, direct.err
+        for name in cell.files:
+            assert (swept / name).read_bytes() == (tmp_path / "direct" / name).read_bytes(), name
+
+
+def test_plan_files_takes_options_by_flag_name_with_the_cli_defaults(ddp_example_trace, run_cli, tmp_path):
+    kind = registry.planner_kind("memory")
+    written = kind.plan_files({"model": str(ddp_example_trace), "algorithm": "store-all", "budget-ratio": 1},
+                              tmp_path / "a.plan.json")
+    assert written.files == [tmp_path / "a.plan.json"] and written.plan.payload["budget_ratio"] == 1.0
+    assert run_cli("-q", "plan", "memory", "--model", ddp_example_trace, "--algorithm", "store-all",
+                   "--budget-ratio", "1", "-o", tmp_path / "b.plan.json").code == 0
+    assert (tmp_path / "a.plan.json").read_bytes() == (tmp_path / "b.plan.json").read_bytes()
+
+
+@pytest.mark.parametrize("args, field, message", [
+    ({"model": "t.json", "budget-ratio": 0.5, "colour": "red"}, "--colour", "no such option"),
+    ({"budget-ratio": 0.5}, "--model", "required"),
+    ({"model": "t.json"}, "--budget", "exactly one of --budget and --budget-ratio"),
+    ({"model": "t.json", "budget-ratio": 0}, "--budget-ratio", "not in the range"),
+    ({"model": "t.json", "budget-ratio": "nan"}, "--budget-ratio", "not a finite number"),
+    ({"model": "t.json", "budget-ratio": 0.5, "algorithm": "best"}, "--algorithm", "'best' is not one of"),
+    ({"model": "t.json", "budget-ratio": 0.5, "threads": True}, "--threads", "expected an integer, found True"),
+])
+def test_plan_files_refuses_bad_options_as_input_errors(args, field, message, tmp_path):
+    from mlopt.errors import InputError
+
+    with pytest.raises(InputError) as refused:
+        registry.planner_kind("memory").plan_files(args, tmp_path / "p.json")
+    assert refused.value.field == field and message in refused.value.message
+    assert not (tmp_path / "p.json").exists()

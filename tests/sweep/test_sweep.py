@@ -320,10 +320,16 @@ grid:
     assert cell_key(first) != key, "the key follows the input files' content"
 
 
-def test_the_sweep_does_not_import_the_command_line_until_a_cell_runs():
-    """mlopt.cli imports the sweep for `mlopt sweep`; the sweep reaches the command line only through
-    mlopt.sweep.command, when a spec is checked or a cell runs (no import circle at module level)."""
+def test_the_sweep_never_imports_the_command_line(tmp_path):
+    """mlopt.cli imports the sweep for `mlopt sweep`; the sweep checks specs with the kinds' declared options and
+    runs cells with their plan_files, so it needs neither mlopt.cli nor click (a cell's run: tests/planners/
+    test_registry.py)."""
+    spec = tmp_path / "s.yaml"
+    spec.write_text("planner: collective\noptions: {topology: ring:4, collective: allgather}\n"
+                    "grid: {size: [1KiB, 2KiB]}\n")
     code = ("import sys, mlopt.sweep, mlopt.sweep.cells, mlopt.sweep.executors, mlopt.sweep.report; "
-            "assert 'mlopt.cli' not in sys.modules, 'imported mlopt.cli'")
+            f"assert len(mlopt.sweep.load_spec({str(spec)!r}).cells) == 2; "
+            "assert 'mlopt.cli' not in sys.modules, 'imported mlopt.cli'; "
+            "assert 'click' not in sys.modules, 'imported click'")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr

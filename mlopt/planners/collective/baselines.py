@@ -40,17 +40,15 @@ from mlopt.planners.collective.baseline_graph import (
 )
 from mlopt.sim.collective_shapes import (
     as_parent_map,
-    binary_tree,
     direct_pairs,
     grid_groups,
-    mirrored_tree,
     ring_hops,
-    shifted_tree,
     tree_depths,
 )
+from mlopt.sim.collective_shapes import double_binary_tree as nccl_double_binary_tree  # the name below is the baseline
 from mlopt.sim.collectives import CollectiveSpec
 
-__all__ = ["BaselineError", "ring", "double_binary_tree", "direct", "hierarchical", "BASELINES", "nccl_dtree"]
+__all__ = ["BaselineError", "ring", "double_binary_tree", "direct", "hierarchical", "BASELINES"]
 
 DEFAULT_RING_CHANNELS = 2
 
@@ -187,17 +185,6 @@ def ring(topology: Topology, spec: CollectiveSpec, channels: int | None = None) 
 # Double binary tree
 
 
-def nccl_dtree(nranks: int) -> list[dict[int, int]]:
-    """Two {child: parent} maps over positions 0..n-1: NCCL's binary tree (ncclGetBtree), and the second tree
-    the first shifted by one position (n even: its interior positions are the first's leaves) or mirrored
-    (n odd). NCCL's ncclGetDtree pairs them the other way round (shift for odd n, mirror for even:
-    `collective_shapes.double_binary_tree`, what the simulator times); this pairing is kept because the
-    committed plans were made with it."""
-    first = binary_tree(nranks)
-    second = shifted_tree(first) if nranks % 2 == 0 else mirrored_tree(first)
-    return [as_parent_map(first), as_parent_map(second)]
-
-
 def _tree_moves(parent: dict[int, int]) -> list[Move]:
     """Allreduce on one tree: reduce up to the root (children before parents), then broadcast down."""
     depth = tree_depths(parent)
@@ -206,9 +193,11 @@ def _tree_moves(parent: dict[int, int]) -> list[Move]:
 
 
 def double_binary_tree(topology: Topology, spec: CollectiveSpec) -> Algorithm:
-    """NCCL's double binary tree allreduce: the two trees of `nccl_dtree`, each reducing half of the chunks
-    to its root and broadcasting them back (chunks [0, h) on the first tree, [h, n k) on the second, h =
-    ceil(n k / 2); k = spec.chunks_per_rank). Ranks are placed on tree positions in rank order when every tree
+    """NCCL's double binary tree allreduce on NCCL's two trees (ncclGetDtree: the binary tree, and its mirror
+    for even n or its shift by one position for odd n; `collective_shapes.double_binary_tree`, the shape the
+    simulator's `double-binary-tree` times too), each reducing half of the chunks to its root and broadcasting
+    them back (chunks [0, h) on the first tree, [h, n k) on the second, h = ceil(n k / 2); k =
+    spec.chunks_per_rank). Ranks are placed on tree positions in rank order when every tree
     edge is a link in both directions (switches, fully connected and multi-node presets), else by a search
     for a placement over the existing links (e.g. NDv2's hybrid cube mesh); BaselineError when none exists
     (e.g. ring:4, whose 4 links cannot carry the trees' 5 distinct edges)."""
@@ -216,7 +205,7 @@ def double_binary_tree(topology: Topology, spec: CollectiveSpec) -> Algorithm:
     n, k = spec.num_ranks, spec.chunks_per_rank
     if n == 1:
         return Algorithm("double-binary-tree", spec, ())
-    trees = nccl_dtree(n)
+    trees = [as_parent_map(parents) for parents in nccl_double_binary_tree(n)]
     links = _links(topology)
     edges = sorted({tuple(sorted(e)) for t in trees for e in t.items()})
     place = embed(n, edges, range(n), lambda a, b: (a, b) in links and (b, a) in links)

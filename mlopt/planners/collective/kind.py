@@ -7,12 +7,19 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from mlopt.errors import InputError
-from mlopt.formats.io import sha256_bytes
+from mlopt.formats.importers.taccl import import_taccl_sketch
+from mlopt.formats.io import read_document, sha256_bytes
+from mlopt.formats.loaders import resolve_topology
 from mlopt.formats.plan import PlanFile, sidecar_path
+from mlopt.formats.sizes import parse_size
 from mlopt.planners.collective import from_trace
-from mlopt.planners.collective.planner import CollectiveOptions
+from mlopt.planners.collective.output import write_collective_plan
+from mlopt.planners.collective.planner import CollectiveOptions, plan_collective
 from mlopt.planners.collective.validate import validate_collective_plan
-from mlopt.planners.protocol import PlannerKind, SimulationFacts, StalenessFacts, envelope_metrics
+from mlopt.planners.options import PLANNER_COMMAND_OPTIONS, TOPOLOGY_COMMAND_OPTIONS, CommandOption, \
+    planner_options_from_args, topology_options_from_args
+from mlopt.planners.protocol import PlannedFiles, PlannerKind, PlanRequest, SimulationFacts, StalenessFacts, \
+    envelope_metrics
 
 
 def files(output: str) -> list[str]:
@@ -65,6 +72,47 @@ def xml_name(path: Path, plan: PlanFile) -> str:
     return name
 
 
+# `mlopt plan collective`'s own options (CollectiveOptions' fields, the topology and the sketches)
+COMMAND_OPTIONS = (
+    CommandOption("topology", "text", "Topology preset or file (ndv2x2, dgx2x2, ...).", required=True),
+    *TOPOLOGY_COMMAND_OPTIONS,
+    CommandOption("collective", "choice", "", required=True,
+                  choices=("allgather", "reducescatter", "allreduce", "alltoall", "broadcast", "reduce")),
+    CommandOption("size", "text", "Buffer size, nccl-tests' convention: output per rank (allgather, alltoall), the "
+                                  "buffer (allreduce), input per rank (reducescatter). E.g. 1GiB.", required=True),
+    CommandOption("sketch", "text", "TACCL communication sketch JSON (repeatable; implies --algorithm taccl).",
+                  default=(), multiple=True),
+    CommandOption("algorithm", "choice", "auto: every applicable family, best simulated time wins.", default="auto",
+                  choices=("auto", "taccl", "ring", "tree", "direct", "hierarchical", "trees"), show_default=True),
+    CommandOption("instances", "int", "Copies of the program over sub-chunks, each on its own channels.", default=1,
+                  min=1, max=32, show_default=True),
+    CommandOption("proto", "choice", "", default="Simple", choices=("Simple", "LL", "LL128"), show_default=True),
+    CommandOption("xml-dialect", "choice", "executor: the current MSCCL executor's strict dialect; legacy: the "
+                                           "older msccl runtime.", default="executor",
+                  choices=("executor", "legacy"), show_default=True),
+    CommandOption("root", "int", "Root of broadcast/reduce.", default=0, min=0, show_default=True),
+)
+
+
+def prepare_plan(args: dict[str, Any]) -> PlanRequest:
+    """`mlopt plan collective`: the topology and sketches read, the options built (args by flag name)."""
+    topology = resolve_topology(args["topology"], topology_options_from_args(args))
+    sketch_paths = args["sketch"]
+    sketches = [(import_taccl_sketch(read_document(p), p), p) for p in sketch_paths]
+    algorithm = "taccl" if sketches and args["algorithm"] == "auto" else args["algorithm"]
+    copts = CollectiveOptions(args["collective"], parse_size(args["size"]), algorithm, args["instances"],
+                              args["proto"], args["xml-dialect"], args["root"])
+    options = planner_options_from_args(args)
+    inputs = {"topology": args["topology"], **{f"sketch{i}": p for i, p in enumerate(sketch_paths)}}
+
+    def write(output: Path, progress) -> PlannedFiles:
+        result = plan_collective(topology, copts, options, inputs=inputs, sketches=sketches, progress=progress)
+        xml_path, sidecar = write_collective_plan(result, str(output), copts, options)
+        return PlannedFiles([xml_path, sidecar], result.plan)
+
+    return PlanRequest(inputs, options, vars(copts), f"planning {copts.collective} on {topology.name}", write)
+
+
 KIND = PlannerKind(
     name="collective",
     options_type=CollectiveOptions,
@@ -79,4 +127,7 @@ KIND = PlannerKind(
     staleness=StalenessFacts(plan_file=plan_file, file_checks=xml_changed, rerun_name=xml_name),
     # no apply: the plan is its MSCCL-EF XML, which the system layer applies (mlopt.sim.evaluate.classify_plans)
     simulation=SimulationFacts(),
+    command_options=COMMAND_OPTIONS,
+    shared_options=PLANNER_COMMAND_OPTIONS,
+    prepare_plan=prepare_plan,
 )

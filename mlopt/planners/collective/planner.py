@@ -18,16 +18,21 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from mlopt.errors import InfeasibleError, InputError
-from mlopt.formats.importers.taccl import Sketch
+from mlopt.formats.importers.taccl import Sketch, import_taccl_sketch
 from mlopt.formats.msccl import Program
 from mlopt.formats.plan import Plan, PlanStatus, Provenance, input_hashes
 from mlopt.formats.topology import Topology, unreachable_ranks
+from mlopt.planners.collective import baselines, trees_schedule
 from mlopt.planners.collective.algorithm import Algorithm, check_algorithm
+from mlopt.planners.collective.lowering import LoweringError, lower
+from mlopt.planners.collective.taccl import SynthesisOptions, synthesize
+from mlopt.planners.collective.trees import packing_lp
 from mlopt.planners.options import PlannerOptions
 from mlopt.sim.bounds import lower_bound
 from mlopt.sim.collectives import CollectiveSpec
 from mlopt.sim.network import simulate_program
 from mlopt.sim.symbolic import check_program
+from mlopt.solvers import resolve_solver
 
 ALGORITHMS = ("auto", "taccl", "ring", "tree", "direct", "hierarchical", "trees")
 COLLECTIVES = ("allgather", "reducescatter", "allreduce", "alltoall", "broadcast", "reduce")
@@ -79,8 +84,6 @@ def _spec(topology: Topology, copts: CollectiveOptions, chunks_per_rank: int = 1
 def _taccl(topology: Topology, sketch: Sketch | None, sketch_source: str, copts: CollectiveOptions,
            options: PlannerOptions, uc_threshold_bytes: float | None = None):
     def build() -> tuple[Algorithm, dict[str, Any]]:
-        from mlopt.planners.collective.taccl import SynthesisOptions, synthesize
-
         kwargs = dict(solver=options.solver, time_limit_s=options.time_limit_s or 60.0, node_limit=options.node_limit,
                       mip_gap=options.mip_gap,
                       threads=options.threads, seed=options.seed,
@@ -103,8 +106,6 @@ def _taccl(topology: Topology, sketch: Sketch | None, sketch_source: str, copts:
 
 def _baseline(name: str, topology: Topology, copts: CollectiveOptions):
     def build() -> tuple[Algorithm, dict[str, Any]]:
-        from mlopt.planners.collective import baselines
-
         fn = {"ring": baselines.ring, "tree": baselines.double_binary_tree, "direct": baselines.direct,
               "hierarchical": baselines.hierarchical}[name]
         return fn(topology, _spec(topology, copts)), {}
@@ -114,9 +115,6 @@ def _baseline(name: str, topology: Topology, copts: CollectiveOptions):
 
 def _trees(topology: Topology, copts: CollectiveOptions, options: PlannerOptions):
     def build() -> tuple[Algorithm, dict[str, Any]]:
-        from mlopt.planners.collective import trees_schedule
-        from mlopt.planners.collective.trees import packing_lp
-
         kind = copts.collective
         mode = "allreduce" if kind in ("allreduce", "reducescatter", "reduce") else "broadcast" if kind == "broadcast" else "allgather"
         root = copts.root if kind in ("broadcast", "reduce") else None
@@ -148,8 +146,6 @@ def default_sketches(topology: Topology) -> list[tuple[Sketch, str]]:
     to the same local GPU of the other nodes (TACCL's sk1 for DGX-2: odd GPUs relay for their pair); one
     NIC per node (NDv2) relays everything through GPU 0 to GPU 1 (TACCL's sk1-ndv2).
     """
-    from mlopt.formats.importers.taccl import import_taccl_sketch
-
     if topology.num_nodes < 2 or not topology.nics:
         return []
     gpus = len(topology.nodes[0].ranks)
@@ -221,8 +217,6 @@ def declare_proven_modes(program: Program) -> Program:
 
 def evaluate(candidate: Candidate, topology: Topology, copts: CollectiveOptions) -> Outcome:
     """Build, prove, lower, prove again, simulate. Failures are outcomes, not exceptions."""
-    from mlopt.planners.collective.lowering import LoweringError, lower
-
     started = time.perf_counter()
     outcome = Outcome(candidate.label, candidate.family, ok=False)
     try:
@@ -332,7 +326,6 @@ def _strip_wall_times(value: Any, keep: bool) -> Any:
 def _solver_of(outcome: Outcome, options: PlannerOptions) -> tuple[str, str]:
     if outcome.family not in SOLVER_MADE:
         return "none", ""
-    from mlopt.solvers import resolve_solver
 
     solver, _ = resolve_solver(options.solver)
     return solver.name, solver.version()

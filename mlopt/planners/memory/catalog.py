@@ -57,6 +57,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from mlopt.errors import InputError
+from mlopt.formats.io import check_finite
 from mlopt.planners.memory.problem import BackwardImpl, ForwardImpl
 
 PROFILE_FORMAT = "mlopt-op-profile"
@@ -220,8 +221,6 @@ def _parse_impl(entry: Any, where: str, source: str) -> ProfileImpl:
 
 def parse_profile(doc: Any, source: str = "<ops profile>") -> dict[str, OpProfile]:
     """Check an `--ops` document; InputError(source, JSON path, why) on the first bad field."""
-    from mlopt.formats.io import check_finite
-
     check_finite(doc, source)  # a NaN factor would pass `factor <= 0` and reach the ILP's coefficients
     if not isinstance(doc, dict):
         raise InputError(source, "$", f"expected a JSON object ({PROFILE_FORMAT}), found {type(doc).__name__}")

@@ -10,9 +10,10 @@ from mlopt.errors import InfeasibleError
 from mlopt.formats.io import write_json
 from mlopt.formats.topology import Topology
 from mlopt.formats.trace import ModelTrace
-from mlopt.planners.protocol import WrittenPlan
+from mlopt.planners.memory.build import build_problem
 from mlopt.planners.memory.planner import DEFAULT_BUDGET_RATIO, MemoryOptions, least_feasible_bytes, plan_memory
 from mlopt.planners.options import PlannerOptions
+from mlopt.planners.protocol import WrittenPlan
 
 PLAN_FILE = "memory.plan.json"
 
@@ -27,8 +28,6 @@ def why_not(trace: ModelTrace, topology: Topology | None) -> str | None:
 def run(trace: ModelTrace, topology: Topology | None, options: PlannerOptions, out_dir: Path,
         inputs: dict[str, Any]) -> list[WrittenPlan]:
     """Plan at DEFAULT_BUDGET_RATIO; when that is infeasible, at the least feasible budget found."""
-    from mlopt.planners.memory.build import build_problem
-
     problem = build_problem(trace, None, source=str(inputs.get("model") or "<trace>"))
     memory_options = MemoryOptions("monet", budget_ratio=DEFAULT_BUDGET_RATIO)
     try:

@@ -19,7 +19,11 @@ from typing import Any, Callable
 from mlopt.errors import InfeasibleError
 from mlopt.formats.plan import Plan, PlanStatus, Provenance, input_hashes
 from mlopt.formats.sizes import format_size
+from mlopt.planners.memory import baselines
+from mlopt.planners.memory.baselines import least_memory
+from mlopt.planners.memory.ilp import solve_memory_ilp
 from mlopt.planners.memory.problem import MemoryProblem
+from mlopt.planners.memory.replay import ScheduleError, replay
 from mlopt.planners.memory.schedule import Schedule
 from mlopt.planners.options import PlannerOptions
 from mlopt.planners.result import heuristic_plan, plan_from_solve
@@ -130,8 +134,6 @@ def _infeasible(budget: int, least: int, algorithm: str, why: str = "") -> Infea
 
 
 def _baseline(problem: MemoryProblem, algorithm: str, budget: int) -> Schedule | None:
-    from mlopt.planners.memory import baselines
-
     if algorithm == "store-all":
         return baselines.store_all(problem)
     if algorithm == "sqrt":
@@ -141,9 +143,6 @@ def _baseline(problem: MemoryProblem, algorithm: str, budget: int) -> Schedule |
 
 def least_feasible_bytes(problem: MemoryProblem, *replays: Any) -> int:
     """Smallest replayed peak among the leanest baseline and any schedules already evaluated."""
-    from mlopt.planners.memory.baselines import least_memory
-    from mlopt.planners.memory.replay import replay
-
     peaks = [replay(problem, least_memory(problem)).peak_bytes]
     peaks += [r.peak_bytes for r in replays if r is not None]
     return min(peaks)
@@ -154,9 +153,6 @@ def best_warm_start(problem: MemoryProblem, budget: int, joint: bool,
     """The cheapest schedule that fits the budget (default implementations only unless joint) among the
     baselines and `extra` (e.g. the plan of a smaller budget in a sweep, which fits any larger one). For the
     joint ILP each candidate's recomputations first reuse intermediates where they can (never worse)."""
-    from mlopt.planners.memory import baselines
-    from mlopt.planners.memory.replay import ScheduleError, replay
-
     candidates = [("store-all", baselines.store_all(problem)), ("sqrt", baselines.sqrt_segments(problem)),
                   ("greedy", baselines.greedy(problem, budget)), ("least-memory", baselines.least_memory(problem)),
                   *extra]
@@ -190,9 +186,6 @@ def plan_memory(problem: MemoryProblem, options: MemoryOptions, planner_options:
     """Plan for one budget; raises InfeasibleError (exit 3) when the algorithm cannot fit it.
 
     `warm_candidates`: more (name, schedule) MIP starts for the ILPs, beside the baselines."""
-    from mlopt.planners.memory import baselines
-    from mlopt.planners.memory.replay import replay
-
     if options.algorithm not in ALGORITHMS:
         raise ValueError(f"unknown memory algorithm {options.algorithm!r}")
     started = time.perf_counter()
@@ -217,8 +210,6 @@ def plan_memory(problem: MemoryProblem, options: MemoryOptions, planner_options:
 def _plan_ilp(problem: MemoryProblem, options: MemoryOptions, planner_options: PlannerOptions,
               inputs: dict[str, Any], reference: Any, budget: int, notes: tuple[str, ...], started: float,
               progress: Callable[[str], None], warm_candidates: tuple[tuple[str, Schedule], ...]) -> MemoryResult:
-    from mlopt.planners.memory.ilp import solve_memory_ilp
-
     joint = options.algorithm == "monet"
     first = None
     if joint:
@@ -243,8 +234,6 @@ def _joint_or_single(problem: MemoryProblem, options: MemoryOptions, planner_opt
                      inputs: dict[str, Any], reference: Any, budget: int, notes: tuple[str, ...], started: float,
                      outcome: Any, warm: Schedule | None, warm_name: str) -> MemoryResult:
     """The plan of one ILP outcome: its schedule, or its warm start when that is cheaper."""
-    from mlopt.planners.memory.replay import replay
-
     solved = replay(problem, outcome.schedule) if outcome.schedule is not None else None
     started_from = replay(problem, warm) if warm is not None else None
     if started_from is not None and (solved is None or started_from.compute_us < solved.compute_us * (1 - 1e-9)):

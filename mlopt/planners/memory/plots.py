@@ -25,7 +25,7 @@ def _finish(fig: Any, ax: Any, xlabel: str, ylabel: str, title: str, path: str |
 def plot_tradeoff(series: Mapping[str, Sequence[Mapping[str, Any]]], path: str | os.PathLike,
                   title: str = "memory vs compute") -> Path:
     """Compute overhead (%) against memory ratio (peak / store-all peak), one line per algorithm."""
-    from matplotlib.figure import Figure
+    from matplotlib.figure import Figure  # lazy: matplotlib takes ~0.5 s to import and only plots need it
 
     fig = Figure(figsize=(6.4, 4.2), dpi=120)
     ax = fig.add_subplot()
@@ -40,7 +40,7 @@ def plot_tradeoff(series: Mapping[str, Sequence[Mapping[str, Any]]], path: str |
 def plot_memory_timeline(timelines: Mapping[str, Sequence[Any]], path: str | os.PathLike, budget_bytes: int | None,
                          title: str = "memory over the step") -> Path:
     """Memory (GiB) at each operator's peak along forward, recomputation and backward, one line per plan."""
-    from matplotlib.figure import Figure
+    from matplotlib.figure import Figure  # lazy: matplotlib takes ~0.5 s to import and only plots need it
 
     fig = Figure(figsize=(8.0, 4.2), dpi=120)
     ax = fig.add_subplot()

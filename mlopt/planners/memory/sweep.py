@@ -17,6 +17,7 @@ from typing import Any, Callable
 from mlopt.errors import InfeasibleError, InputError
 from mlopt.formats.io import write_json
 from mlopt.planners.memory.planner import MemoryOptions, plan_memory
+from mlopt.planners.memory.plots import plot_tradeoff
 from mlopt.planners.memory.problem import MemoryProblem
 from mlopt.planners.options import PlannerOptions
 
@@ -77,8 +78,6 @@ def run_sweep(problem: MemoryProblem, ratios: list[float], options: MemoryOption
               out_dir: Path, inputs: dict[str, Any],
               progress: Callable[[str], None] = lambda message: None) -> list[dict[str, Any]]:
     """Plan every ratio; write each plan, `sweep.json` and `sweep.png` into out_dir; return the rows."""
-    from mlopt.planners.memory.plots import plot_tradeoff
-
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = []
     previous: tuple[tuple[str, Any], ...] = ()  # ratios ascend: a smaller budget's plan fits every larger one

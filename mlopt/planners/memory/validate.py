@@ -11,18 +11,18 @@ from __future__ import annotations
 from typing import Any
 
 from mlopt.errors import InputError
+from mlopt.formats.loaders import load_trace_any
 from mlopt.formats.plan import PlanFile
 from mlopt.formats.sizes import format_size
+from mlopt.planners.memory.build import build_problem
 from mlopt.planners.memory.problem import MemoryProblem
+from mlopt.planners.memory.replay import ScheduleError, replay
 from mlopt.planners.memory.schedule import Schedule
 
 COMPUTE_RTOL = 1e-6
 
 
 def problem_for_plan(plan: PlanFile, source: str, model_path: str) -> MemoryProblem:
-    from mlopt.formats.loaders import load_trace_any
-    from mlopt.planners.memory.build import build_problem
-
     return build_problem(load_trace_any(model_path), plan.payload.get("ops_profile"), source=model_path)
 
 
@@ -76,8 +76,6 @@ def check_backward_matches_trace(problem: MemoryProblem, backward: list[dict[str
 
 def replay_plan(plan: PlanFile, source: str, model_path: str) -> tuple[MemoryProblem, Schedule, Any]:
     """Problem, schedule and replay of a memory plan; InputError (exit 2) on any mismatch or violation."""
-    from mlopt.planners.memory.replay import ScheduleError, replay
-
     payload = plan.payload
     for key in ("schedule", "budget_bytes", "predicted"):
         if key not in payload:

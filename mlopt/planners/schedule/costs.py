@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mlopt.errors import InputError
+from mlopt.formats.io import check_regular_file
+from mlopt.planners.schedule.motifs import COLLECTIVES
 
 COLUMNS = ("collective", "ranks", "bytes", "channel", "time_us")
 WHOLE_TOPOLOGY = "*"
@@ -46,8 +48,6 @@ class CostTable:
 def load_cost_table(path: str | Path, channels: tuple[str, ...] | None = None) -> CostTable:
     """Read a cost table; InputError (exit 2) naming the file, row and column of the first bad value.
     `channels`: the topology's link classes, to reject a channel it does not have."""
-    from mlopt.formats.io import check_regular_file
-
     source = str(path)
     check_regular_file(path)  # a FIFO would block the read, a device never end it
     try:
@@ -73,8 +73,6 @@ def load_cost_table(path: str | Path, channels: tuple[str, ...] | None = None) -
 
 
 def _parse_row(row: dict, source: str, i: int, channels: tuple[str, ...] | None):
-    from mlopt.planners.schedule.motifs import COLLECTIVES
-
     # A permute's time depends on its pairs, not on a group size: it has no curves (always alpha-beta).
     measurable = tuple(c for c in COLLECTIVES if c != "permute")
     collective = (row.get("collective") or "").strip()

@@ -14,6 +14,8 @@ from mlopt.planners.options import PlannerOptions
 from mlopt.planners.schedule.costs import CostTable, load_cost_table
 from mlopt.planners.schedule.planner import ScheduleOptions, plan_schedule
 from mlopt.planners.schedule.problem import channels_of, schedule_problem
+from mlopt.sim import workload as wl
+from mlopt.sim.evaluate import check_fits
 
 PLAN_FILE = "schedule.plan.json"
 
@@ -22,9 +24,6 @@ def plan_to_file(trace: ModelTrace, source: str, topology: Topology, options: Sc
                  planner_options: PlannerOptions, output: str | Path, inputs: dict[str, Any]) -> Plan:
     """Plan the trace's comm-ops on the topology (unrolled over options.iterations) and write the plan
     atomically; InputError (exit 2) when the trace's process groups do not fit the topology."""
-    from mlopt.sim import workload as wl
-    from mlopt.sim.evaluate import check_fits
-
     workload = wl.chain(wl.from_trace(trace, source=source), options.iterations)
     check_fits(workload.world_size, topology, source)
     problem = schedule_problem(workload, topology, mode=options.mode, source=source,

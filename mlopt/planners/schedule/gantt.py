@@ -20,8 +20,15 @@ import tempfile
 from pathlib import Path
 from typing import Any, Mapping
 
+from mlopt.errors import InputError
+from mlopt.formats.io import atomic_write_bytes, staged_files
+from mlopt.planners.schedule.from_trace import cost_table_for
 from mlopt.planners.schedule.planner import issued
 from mlopt.planners.schedule.optsched import Schedule, ScheduleProblem, optsched
+from mlopt.planners.schedule.problem import schedule_problem
+from mlopt.sim import workload as wl
+from mlopt.sim.plots import _save
+from mlopt.sim.training_plots import COLLECTIVE_COLORS
 
 SYSTEMS = ("fifo", "bs+", "hand", "s-exec", "s-sched", "syndicate")  # the paper's order (and hand), for the panels
 COMPUTE_COLOR = "#4c72b0"
@@ -43,10 +50,6 @@ class SystemPlanError(ValueError):
 def problem_from_plan(payload: Mapping[str, Any], trace, topology, source: str) -> ScheduleProblem:
     """The ScheduleProblem the plan was searched on: the trace unrolled over the plan's iterations, timed in
     its network mode (as `mlopt plan schedule` and `mlopt validate --model --topology` build it)."""
-    from mlopt.planners.schedule.from_trace import cost_table_for
-    from mlopt.planners.schedule.problem import schedule_problem
-    from mlopt.sim import workload as wl
-
     options = payload["options"]
     workload = wl.chain(wl.from_trace(trace, source=source), options["iterations"])
     return schedule_problem(workload, topology, mode=options["mode"], source=source,
@@ -159,8 +162,6 @@ def _merged(intervals) -> list[tuple[float, float]]:
 
 
 def _draw_panel(ax, problem: ScheduleProblem, schedule: Schedule, legend: dict[str, str]) -> None:
-    from mlopt.sim.training_plots import COLLECTIVE_COLORS
-
     rows = [COMPUTE_ROW, *problem.channels]
     row = {name: k for k, name in enumerate(rows)}
     compute = _merged(schedule.task_times[t.id] for t in problem.tasks if t.kind == "compute")
@@ -188,7 +189,7 @@ def _draw_panel(ax, problem: ScheduleProblem, schedule: Schedule, legend: dict[s
 
 
 def _figure(problem: ScheduleProblem, panels: list[tuple[str, Schedule]], title: str | None):
-    from matplotlib.figure import Figure
+    from matplotlib.figure import Figure  # lazy: matplotlib takes ~0.5 s to import and only plots need it
     from matplotlib.patches import Patch
 
     rows = 1 + len(problem.channels)
@@ -211,9 +212,6 @@ def _figure(problem: ScheduleProblem, panels: list[tuple[str, Schedule]], title:
 
 def _save_atomic(fig, path: str | os.PathLike) -> Path:
     """`_save` (reproducible bytes, format from the suffix) into a temporary file, then an atomic write."""
-    from mlopt.formats.io import atomic_write_bytes
-    from mlopt.sim.plots import _save
-
     path = Path(path)
     with tempfile.TemporaryDirectory(prefix="mlopt-gantt-") as tmp:
         scratch = _save(fig, Path(tmp) / f"figure{path.suffix or '.png'}")
@@ -256,8 +254,6 @@ def write_system_gantts(plan_path: str | os.PathLike, payload: Mapping[str, Any]
     one figure per system next to it (:func:`system_file`), all of them or none. Returns the paths written,
     the combined one first. A plan that does not fit the trace and topology: InputError naming the plan file
     and the field (exit 2)."""
-    from mlopt.errors import InputError
-
     plan_path = str(plan_path)
     options = payload.get("options")
     if not isinstance(options, Mapping) or "iterations" not in options or "mode" not in options:
@@ -274,7 +270,6 @@ def write_system_gantts(plan_path: str | os.PathLike, payload: Mapping[str, Any]
     if len(set(files.values())) < len(files):
         raise InputError(plan_path, "$.payload.system_plans", "two system names map to the same file name: "
                                                               + ", ".join(sorted(schedules)))
-    from mlopt.formats.io import staged_files
 
     targets = [Path(path), *files.values()]
     with staged_files(targets) as temps:  # every figure or none

@@ -50,6 +50,8 @@ from dataclasses import dataclass, replace
 from math import gcd
 from typing import Callable, Iterable
 
+from mlopt.formats.trace import pairs_problem
+
 COLLECTIVES = ("allreduce", "alltoall", "allgather", "reducescatter", "broadcast", "reduce", "permute")
 ROOTED = frozenset({"broadcast", "reduce"})
 BLOCKED = frozenset({"alltoall", "allgather", "reducescatter"})  # payload per peer: one region per position
@@ -103,8 +105,6 @@ class CommOp:
 def _pairs_problem(collective: str, pairs, ranks: tuple[int, ...]) -> str:
     """Why `pairs` cannot be a comm-op's permutation ("" when it can): the trace's rules
     (`mlopt.formats.trace.pairs_problem`) on the ranks' positions, and a permute must move something."""
-    from mlopt.formats.trace import pairs_problem
-
     position = {r: p for p, r in enumerate(ranks)}
     if pairs is not None and any(r not in position for pair in pairs for r in pair):
         return f"permute pairs {pairs} name ranks outside {ranks}"

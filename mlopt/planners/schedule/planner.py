@@ -34,7 +34,8 @@ SYSTEM_NAMES = {"syndicate": "syndicate", "fifo": "fifo", "lifo": "bs+", "hand":
 
 @dataclass(frozen=True)
 class ScheduleOptions:
-    """One field per CLI option of `mlopt plan schedule` (mlopt/cli.py), same names."""
+    """One field per option of `mlopt plan schedule`, same names (declared in mlopt/planners/schedule/kind.py
+    COMMAND_OPTIONS, from which the CLI builds its flags)."""
 
     algorithm: str = "syndicate"  # --algorithm: syndicate | fifo | lifo (LIFO + segment oracle) | hand | exec-only | sched-only
     budget_s: float = 60.0  # --budget-s: wall-clock cap of each search

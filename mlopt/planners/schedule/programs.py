@@ -33,7 +33,7 @@ from mlopt.formats.msccl import Gpu, Program, Step, Threadblock
 from mlopt.formats.msccl_xml import check_limits, write_program
 from mlopt.formats.topology import fully_connected
 from mlopt.planners.collective.baselines import ring
-from mlopt.planners.collective.lowering import lower
+from mlopt.planners.collective.lowering import LoweringError, lower
 from mlopt.planners.collective.planner import declare_proven_modes
 from mlopt.planners.schedule.motifs import ROOTED
 from mlopt.sim.collectives import CollectiveSpec
@@ -96,7 +96,7 @@ def _checked(name: str, coll: str, chunks: int, gpus: list[Gpu]) -> Program:
     program = Program(name, "Simple", 1, chunks, len(gpus), coll, False, True, 0, 1 << 40, tuple(gpus))
     problems = check_limits(program)
     if problems:
-        raise ValueError(f"{name}: {problems[0]}")
+        raise LoweringError(f"{name}: {problems[0]}")
     return program
 
 
@@ -198,12 +198,27 @@ def proven_program_xml(key: ProgramKey) -> str:
 # ------------------------------------------------------------------------------------------------ plan
 
 
-def program_entry(program_id: str, key: ProgramKey, xml: str) -> dict[str, Any]:
-    """payload["programs"][i]: what the program runs (checked against each motif naming it) and its XML."""
-    return {"id": program_id, "collective": key.collective, "ngpus": key.ngpus,
-            "root": key.root if key.collective in ROOTED else None,
-            "pattern": None if key.pattern is None else [list(p) for p in key.pattern],
-            "xml_sha256": sha256_bytes(xml.encode("utf-8")), "xml": xml}
+def program_entry(program_id: str, key: ProgramKey, xml: str | None, unrunnable: str | None = None
+                  ) -> dict[str, Any]:
+    """payload["programs"][i]: what the program runs (checked against each motif naming it) and its XML, or
+    (xml None) why no program for it fits the executor's limits."""
+    entry = {"id": program_id, "collective": key.collective, "ngpus": key.ngpus,
+             "root": key.root if key.collective in ROOTED else None,
+             "pattern": None if key.pattern is None else [list(p) for p in key.pattern],
+             "xml_sha256": None if xml is None else sha256_bytes(xml.encode("utf-8")), "xml": xml}
+    if unrunnable is not None:
+        entry["unrunnable"] = unrunnable
+    return entry
+
+
+def _entry_for(program_id: str, key: ProgramKey) -> dict[str, Any]:
+    """The entry of `key`'s program; a motif whose program cannot fit the MSCCL executor's limits (a ring over
+    more ranks than a threadblock has steps) gets an entry saying so instead of failing the whole plan: the
+    enforcer refuses such a motif, naming the reason, when a job reaches it."""
+    try:
+        return program_entry(program_id, key, proven_program_xml(key))
+    except LoweringError as exc:
+        return program_entry(program_id, key, None, f"no {key.describe()} program fits the executor: {exc}")
 
 
 def entry_key(entry: Mapping[str, Any]) -> ProgramKey:
@@ -225,6 +240,6 @@ def carried_programs(rows: Iterable[MutableMapping[str, Any]]) -> list[dict[str,
             key = motif_key(motif)
             if key not in ids:
                 ids[key] = f"p{len(ids)}"
-                entries.append(program_entry(ids[key], key, proven_program_xml(key)))
+                entries.append(_entry_for(ids[key], key))
             motif["program"] = ids[key]
     return entries

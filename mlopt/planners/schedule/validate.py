@@ -18,9 +18,17 @@ import math
 
 from mlopt.errors import InputError
 from mlopt.formats.io import sha256_bytes
+from mlopt.formats.loaders import load_trace_any, resolve_topology
 from mlopt.formats.msccl_xml import parse_program
 from mlopt.formats.plan import PlanFile
-from mlopt.planners.schedule.programs import ProgramKey, entry_key, motif_key, prove
+from mlopt.planners.schedule.from_trace import cost_table_for
+from mlopt.planners.schedule.motifs import CommOp, Motif, implements
+from mlopt.planners.schedule.optsched import lower_bound_us, optsched
+from mlopt.planners.schedule.planner import issued
+from mlopt.planners.schedule.problem import schedule_problem
+from mlopt.planners.collective.lowering import LoweringError
+from mlopt.planners.schedule.programs import ProgramKey, entry_key, motif_key, motif_program, prove
+from mlopt.sim import workload as wl
 
 REQUIRED = ("algorithm", "options", "channels", "comm_ops", "predicted", "systems")
 # The symbolic proof runs at the granularity of the gcd of the motifs' byte ranges: plans whose cuts are that
@@ -68,8 +76,6 @@ def _check_motifs(payload: dict, source: str) -> None:
 def _prove_decompositions(payload: dict, source: str) -> tuple[int, int]:
     """(proven, too large to prove) comm-ops; InputError naming the first whose motifs do not implement it.
     Rows without the op's collective (abstract problems) are neither."""
-    from mlopt.planners.schedule.motifs import CommOp, Motif, implements
-
     proven = unproven = 0
     for i, row in enumerate(payload["comm_ops"]):
         if row.get("collective") is None or any("regions" not in m for m in row["motifs"]):
@@ -118,6 +124,10 @@ def _proven_program_keys(payload: dict, source: str) -> dict[str, ProgramKey]:
         what = f"program {pid} ($.payload.programs[{k}])"
         if pid in keys:
             raise InputError(source, f"$.payload.programs[{k}].id", f"program id {pid!r} is used twice")
+        if entry.get("xml") is None:
+            _check_unrunnable(entry, source, where, what)
+            keys[pid] = entry_key(entry)
+            continue
         if sha256_bytes(entry["xml"].encode("utf-8")) != entry["xml_sha256"]:
             raise InputError(source, where, f"runs {what}, whose XML is not the one its xml_sha256 names")
         try:
@@ -129,6 +139,21 @@ def _proven_program_keys(payload: dict, source: str) -> dict[str, ProgramKey]:
             raise InputError(source, where, f"runs {what}, which is not a proven {key.describe()}: {problems[0]}")
         keys[pid] = key
     return keys
+
+
+def _check_unrunnable(entry: dict, source: str, where: str, what: str) -> None:
+    """A program the plan could not make (xml null) must say why, and mlopt must indeed fail to make one."""
+    if not entry.get("unrunnable") or entry.get("xml_sha256") is not None:
+        raise InputError(source, where, f"runs {what}, which has no XML: it needs `unrunnable` (why) and a null "
+                                        f"xml_sha256")
+    try:
+        motif_program(entry_key(entry))
+    except LoweringError:
+        return
+    except (ValueError, KeyError) as exc:
+        raise InputError(source, where, f"runs {what}, which cannot be read: {exc}") from None
+    raise InputError(source, where, f"runs {what}, which says no program fits the executor, but mlopt makes one: "
+                                    f"re-plan")
 
 
 def _check_programs(payload: dict, source: str) -> int:
@@ -157,13 +182,6 @@ def _check_programs(payload: dict, source: str) -> int:
 
 
 def _replay(payload: dict, source: str, model_path: str, topology_spec: str) -> None:
-    from mlopt.formats.loaders import load_trace_any, resolve_topology
-    from mlopt.planners.schedule.optsched import lower_bound_us, optsched
-    from mlopt.planners.schedule.from_trace import cost_table_for
-    from mlopt.planners.schedule.planner import issued
-    from mlopt.planners.schedule.problem import schedule_problem
-    from mlopt.sim import workload as wl
-
     options = payload["options"]
     workload = wl.chain(wl.from_trace(load_trace_any(model_path), source=model_path), options["iterations"])
     topology = resolve_topology(topology_spec)
@@ -208,7 +226,10 @@ def validate_schedule_plan(plan: PlanFile, source: str, model_path: str | None, 
     motifs = sum(len(op["motifs"]) for op in payload["comm_ops"])
     predicted = payload["predicted"]
     proofs = f", {proven} decompositions proven" + (f" ({unproven} too fine to prove)" if unproven else "")
-    proofs += (f", {programs} motif programs proven" if payload.get("programs") is not None
+    unrunnable = sum(1 for entry in payload.get("programs") or () if entry.get("xml") is None)
+    proofs += (f", {programs - unrunnable} motif programs proven" if payload.get("programs") is not None
                else ", no motif programs carried (the enforcer makes them at run time)")
+    if unrunnable:
+        proofs += f", {unrunnable} too large for the MSCCL executor (the enforcer refuses their motifs)"
     return (f"{len(payload['comm_ops'])} comm-ops, {motifs} motifs, iteration {predicted['iteration_us']:.1f} us "
             f"({predicted['iterations']} unrolled: {predicted['makespan_us']:.1f} us){proofs}{replayed}")

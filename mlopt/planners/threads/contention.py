@@ -37,6 +37,7 @@ from scipy.optimize import least_squares
 
 from mlopt.errors import InputError
 from mlopt.formats.document import FormatSpec, check_header, header
+from mlopt.formats.io import check_finite, read_document
 
 GAMMA4 = 0.6  # the paper's empirical exponent (Sec. III-A, Observation 2)
 KINDS = ("compute", "overlapped_comm", "exposed_comm")
@@ -232,8 +233,6 @@ def _sample(item: Any, source: str, where: str) -> Sample:
 
 def parse_samples(doc: Any, source: str) -> list[Sample]:
     """Samples from a parsed mlopt.contention-samples document; InputError naming the field otherwise."""
-    from mlopt.formats.io import check_finite
-
     check_header(doc, CONTENTION_SAMPLES, source)
     check_finite(doc, source)
     unknown = sorted(set(doc) - {"format", "schema_version", "meta", "samples"})
@@ -246,8 +245,6 @@ def parse_samples(doc: Any, source: str) -> list[Sample]:
 
 
 def load_samples(path: str) -> list[Sample]:
-    from mlopt.formats.io import read_document
-
     return parse_samples(read_document(path), str(path))
 
 

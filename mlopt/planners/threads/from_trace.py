@@ -9,8 +9,9 @@ from mlopt.errors import InputError
 from mlopt.formats.io import canonical_json, write_files
 from mlopt.formats.topology import Topology
 from mlopt.formats.trace import ModelTrace
-from mlopt.planners.protocol import WrittenPlan
 from mlopt.planners.options import PlannerOptions
+from mlopt.planners.protocol import WrittenPlan
+from mlopt.planners.threads import contention
 from mlopt.planners.threads.build import layers_from_trace
 from mlopt.planners.threads.planner import ThreadsOptions, make_problem, plan_threads
 
@@ -20,8 +21,6 @@ PLAN_FILE = "threads.plan.json"
 def contention_from(path: str | None) -> tuple[dict[str, float], dict[str, Any]]:
     """(parameters, provenance of the contention model): fitted from `mlopt profile contention` samples, or
     the documented defaults."""
-    from mlopt.planners.threads import contention
-
     if path is None:
         params = dict(contention.DEFAULT_PARAMETERS)
         return params, {"source": "default", "parameters": params, "fit": None}

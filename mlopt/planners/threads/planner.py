@@ -30,7 +30,8 @@ DEFAULT_THREAD_SET = (128, 256, 512, 1024, 2048, 4096)
 
 @dataclass(frozen=True)
 class ThreadsOptions:
-    """One field per CLI option of `mlopt plan threads` (mlopt/cli.py), same names."""
+    """One field per option of `mlopt plan threads`, same names (declared in mlopt/planners/threads/kind.py
+    COMMAND_OPTIONS, from which the CLI builds its flags)."""
 
     nodes: int  # --nodes: N, data-parallel workers all-reducing every gradient
     algorithm: str = "libra"  # --algorithm: libra | libra-m | ddp | horovod | mg-wfbp | single

@@ -11,7 +11,9 @@ from __future__ import annotations
 import math
 
 from mlopt.errors import InputError
+from mlopt.formats.loaders import load_trace_any
 from mlopt.formats.plan import PlanFile
+from mlopt.planners.threads.build import layers_from_trace
 from mlopt.planners.threads.model import Group, evaluate
 from mlopt.planners.threads.planner import ThreadsOptions, make_problem
 
@@ -30,9 +32,6 @@ def _problem(payload: dict, source: str):
 
 
 def _check_trace(payload: dict, source: str, model_path: str) -> None:
-    from mlopt.formats.loaders import load_trace_any
-    from mlopt.planners.threads.build import layers_from_trace
-
     traced = layers_from_trace(load_trace_any(model_path), model_path)
     planned = [(l["name"], l["compute_us"], l["grad_bytes"]) for l in payload["layers"]]
     if len(traced) != len(planned):

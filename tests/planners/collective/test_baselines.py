@@ -22,10 +22,10 @@ from mlopt.planners.collective.baselines import (
     direct,
     double_binary_tree,
     hierarchical,
-    nccl_dtree,
     ring,
 )
 from mlopt.planners.collective.lowering import lower
+from mlopt.sim import collective_shapes as shapes
 from mlopt.sim.collectives import CollectiveSpec
 from mlopt.sim.symbolic import check_program
 
@@ -231,15 +231,39 @@ def interior(tree: dict[int, int]) -> set[int]:
     return set(tree.values())
 
 
-def test_nccl_double_binary_tree_shapes():
-    first, second = nccl_dtree(8)
+def planned_trees(n: int) -> list[dict[int, int]]:
+    """The two trees the double-binary-tree baseline runs on switch:n (ranks placed in rank order), read
+    back from its transfers as {child: parent}: the reduce hops of the first chunk and of the last."""
+    alg = double_binary_tree(topo(f"switch:{n}"), CollectiveSpec("allreduce", n, 1))
+    last = n - 1  # chunks [0, ceil(n / 2)) ride the first tree, the rest the second
+    return [{tr.src: tr.dst for tr in alg.transfers if tr.chunk == c and tr.reduce} for c in (0, last)]
+
+
+@pytest.mark.parametrize("n", range(2, 17))
+def test_double_binary_tree_is_nccls_and_the_simulators(n):
+    # One shape: the planner's trees are ncclGetDtree's (collective_shapes), which the simulator times too
+    first, second = planned_trees(n)
+    assert [first, second] == [shapes.as_parent_map(t) for t in shapes.double_binary_tree(n)]
+    assert first == shapes.as_parent_map(shapes.binary_tree(n))
+    mate = shapes.shifted_tree if n % 2 else shapes.mirrored_tree  # NCCL: shift for odd n, mirror for even
+    assert second == shapes.as_parent_map(mate(shapes.binary_tree(n)))
+    for tree in (first, second):
+        assert len(tree) == n - 1 and all(count <= 2 for count in Counter(tree.values()).values())
+    # Complementary: each rank is interior in at most one tree, so no rank sends to (or receives from) more
+    # than two children in all; for odd n, rank 0 has one child in each (the first root and the second's
+    # stand-in for position n - 1).
+    both = interior(first) & interior(second)
+    assert both == (set() if n % 2 == 0 else {0})
+    children = Counter(first.values()) + Counter(second.values())
+    assert all(count <= 2 for count in children.values())
+
+
+def test_nccl_double_binary_tree_on_8_ranks():
+    first, second = planned_trees(8)
     assert first == {4: 0, 2: 4, 6: 4, 1: 2, 3: 2, 5: 6, 7: 6}  # NCCL's btree: root 0 with one child, 4
-    assert second == {5: 1, 3: 5, 7: 5, 2: 3, 4: 3, 6: 7, 0: 7}  # shifted by one (n even)
-    for n in (2, 4, 6, 8, 14, 16, 32):
-        a, b = nccl_dtree(n)
-        assert not interior(a) & interior(b)  # each rank is interior in at most one tree
-        for tree in (a, b):
-            assert len(tree) == n - 1 and all(Counter(tree.values())[p] <= 2 for p in tree.values())
+    assert second == {3: 7, 1: 3, 5: 3, 0: 1, 2: 1, 4: 5, 6: 5}  # mirrored (n even): root 7 with one child, 3
+    three = planned_trees(3)
+    assert three == [{2: 0, 1: 2}, {0: 1, 2: 0}]  # shifted (n odd): 0-2-1 becomes 1-0-2
 
 
 def test_double_binary_tree_on_ndv2_uses_only_nvlinks_and_fails_on_a_ring():
@@ -262,7 +286,7 @@ def test_double_binary_tree_splits_the_chunks_between_the_trees():
         reduces = [tr for tr in alg.transfers if tr.chunk == c and tr.reduce]
         (root,) = {tr.dst for tr in reduces} - {tr.src for tr in reduces}
         roots[c] = root
-    assert [roots[c] for c in range(8)] == [0] * 4 + [1] * 4
+    assert [roots[c] for c in range(8)] == [0] * 4 + [7] * 4  # ncclGetDtreeRoots: 0, and n - 1 for even n
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -145,3 +145,65 @@ def test_a_plan_without_programs_still_validates(run_cli, planned):
     result = run_cli("validate", path)
     assert result.code == 0, result.err
     assert "no motif programs carried" in result.out + result.err
+
+
+# ------------------------------------------------------------------------------------------------ too large
+
+def _too_large(monkeypatch, key: P.ProgramKey) -> None:
+    """Make `key`'s program exceed the executor's limits, as a ring all-to-all over 64 or more ranks does (that
+    one takes seconds to find out, so the tests pretend with a small key)."""
+    from mlopt.planners.collective.lowering import LoweringError
+    from mlopt.planners.schedule import validate as V
+
+    real = P.motif_program.__wrapped__
+
+    def refuse(asked: P.ProgramKey):
+        if asked == key:
+            raise LoweringError("cannot fit the executor's limits: a threadblock needs 99 steps")
+        return real(asked)
+
+    monkeypatch.setattr(P, "motif_program", refuse)
+    monkeypatch.setattr(V, "motif_program", refuse)
+    P.proven_program_xml.cache_clear()
+    monkeypatch.setattr(P, "proven_program_xml", P.proven_program_xml.__wrapped__)
+
+
+def test_a_program_too_large_for_the_executor_is_marked_not_fatal(monkeypatch):
+    key = P.ProgramKey("allreduce", 3)
+    _too_large(monkeypatch, key)
+    rows = [{"motifs": [{"collective": "allreduce", "ranks": [4, 5, 6]}, {"collective": "allgather", "ranks": [0, 1]}]}]
+    entries = P.carried_programs(rows)
+    assert [e["id"] for e in entries] == ["p0", "p1"] and [m["program"] for m in rows[0]["motifs"]] == ["p0", "p1"]
+    assert entries[0]["xml"] is None and entries[0]["xml_sha256"] is None
+    assert "allreduce over 3 position(s)" in entries[0]["unrunnable"] and "99 steps" in entries[0]["unrunnable"]
+    assert entries[1]["xml"] and "unrunnable" not in entries[1]
+
+
+def test_validate_accepts_a_marked_program_only_when_mlopt_cannot_make_one(run_cli, planned, monkeypatch):
+    path, doc = planned
+    entry = doc["payload"]["programs"][0]
+    key = P.entry_key(entry)
+    entry.update(xml=None, xml_sha256=None, unrunnable="no program fits the executor: pretended")
+    _rewrite(path, doc)
+    result = run_cli("validate", path)  # mlopt does make this program: the mark is false
+    assert result.code == 2 and "but mlopt makes one" in result.err and str(path) in result.err
+    _too_large(monkeypatch, key)
+    result = run_cli("validate", path)
+    assert result.code == 0, result.err
+    assert "1 too large for the MSCCL executor" in result.out + result.err
+    del entry["unrunnable"]
+    _rewrite(path, doc)
+    result = run_cli("validate", path)
+    assert result.code == 2 and "needs `unrunnable`" in result.err
+
+
+def test_the_enforcer_refuses_a_motif_whose_program_is_marked(planned):
+    enforcer = pytest.importorskip("mlopt.native.enforcer")
+    _, doc = planned
+    entry = doc["payload"]["programs"][0]
+    entry.update(xml=None, xml_sha256=None, unrunnable="pretended")
+    table = enforcer.MotifTable.from_plan(doc["payload"])
+    assert table.programs[entry["id"]] is None
+    motif = next(tm for op in table.ops for tm in op.motifs if tm.program == entry["id"])
+    with pytest.raises(ValueError, match="no runnable program"):
+        enforcer._carried(table, motif, "motif x")
