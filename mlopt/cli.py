@@ -15,7 +15,7 @@ import tempfile
 import threading
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -336,14 +336,13 @@ def trace(ctx: click.Context, source: str, output: str, kineto, rank, step_scope
 
 
 def _check_or_write(ctx: click.Context, kind: str, kwargs: dict[str, Any], inputs: dict[str, Any], options,
-                    specific: dict[str, Any] | None = None) -> bool:
+                    replan: Callable[[Path], Any], specific: dict[str, Any] | None = None) -> bool:
     """`--check PLAN` (docs/plan-check.md): compare PLAN with these inputs and options (kind "index": every plan
-    an `mlopt plan --model` index lists) and, with --resolve, with what this very command writes into a temporary
-    folder; print the verdict and exit 0 (current) or 1 (stale), writing nothing. False without --check."""
+    an `mlopt plan --model` index lists) and, with --resolve, with what `replan(output)` (the planning this very
+    command does) writes into a temporary folder; print the verdict and exit 0 (current) or 1 (stale), writing
+    nothing. False without --check."""
     if kwargs.get("check_path") is None:
         return False
-
-
     if ctx.params.get("sweep_text"):
         raise click.UsageError("--check takes one plan: check the plans of a --sweep one by one")
     path, strict = kwargs["check_path"], kwargs["strict_version"]
@@ -354,16 +353,9 @@ def _check_or_write(ctx: click.Context, kind: str, kwargs: dict[str, Any], input
         if timed is not None:
             raise InputError(str(timed), "$.provenance.wall_time_s", "recorded (--record-wall-time): a re-run "
                              "cannot repeat its bytes; --check it without --resolve")
-        obj, verbose = ctx.obj if ctx.obj is not None else {}, (ctx.obj or {}).get("verbose", 1)
         with tempfile.TemporaryDirectory(prefix="mlopt-check-") as tmp:
             out = plan_check.rerun_output(kind, path, Path(tmp))
-            overrides = {"check_path": None, "resolve": False, "output": str(out), "as_json": False,
-                         "record_wall_time": False, **({"dump_model": None} if "dump_model" in ctx.params else {})}
-            try:
-                obj["verbose"] = 0
-                ctx.invoke(ctx.command, **{**ctx.params, **overrides})
-            finally:
-                obj["verbose"] = verbose
+            replan(out)
             st.apply_resolve(checks, st.compare_outputs(out if kind == "index" else Path(tmp),
                                                         Path(checks[0].plan).parent, strict))
     if kwargs["as_json"]:
@@ -402,7 +394,12 @@ def plan(ctx: click.Context, model_path, topology_spec, nodes, chunk_size, time_
     topology = resolve_topology(topology_spec, _topology_options(nodes, chunk_size, time_unit_us)) if topology_spec else None
     inputs = {"model": model_path, "topology": topology_spec}
     planner_options = planner_options_from_args(_args_of(kwargs))
-    if _check_or_write(ctx, "index", kwargs, inputs, planner_options):
+    def replan(out_dir: Path) -> None:
+        with staged_folder(out_dir) as scratch:
+            plan_all(trace_obj, topology, replace(planner_options, dump_model=None, record_wall_time=False),
+                     scratch, inputs=inputs)
+
+    if _check_or_write(ctx, "index", kwargs, inputs, planner_options, replan):
         return
 
     with staged_folder(kwargs["output"]) as scratch:  # every plan and the index, or nothing
@@ -422,89 +419,43 @@ def plan(ctx: click.Context, model_path, topology_spec, nodes, chunk_size, time_
 _CLI_ONLY = ("check_path", "resolve", "strict_version", "output", "as_json")
 
 
-def _plan_kind(ctx: click.Context, kind_name: str, params: dict[str, Any],
-               summary: Callable[[PlannedFiles, str, dict[str, Any]], tuple[dict[str, Any], str]]) -> None:
+def _plan_kind(ctx: click.Context, kind_name: str, params: dict[str, Any]) -> None:
     """`mlopt plan KIND`: click's parameters -> the kind's options by flag name -> its PlanRequest; then --check
-    or the plan written at -o, and the summary (`summary`: (JSON summary, one line) of what was written)."""
+    or the plan written at -o, and the kind's summary of what was written."""
     own = {name: params.pop(name) for name in _CLI_ONLY}
     args = _args_of(params)
     request = planner_kind(kind_name).request(args)
     for notice in request.notices:
         _say(ctx, notice)
-    if _check_or_write(ctx, kind_name, own, request.inputs, request.planner_options, request.specific):
+    def replan(output: Path) -> None:
+        # output-only knobs off, so that the re-run writes only the plan's files and their bytes can repeat
+        quiet = {name: value for name, value in (("dump-model", None), ("record-wall-time", False)) if name in args}
+        planner_kind(kind_name).request({**args, **quiet}).write(output, lambda _text: None)
+
+    if _check_or_write(ctx, kind_name, own, request.inputs, request.planner_options, replan, request.specific):
         return
     with _progress(ctx, request.title) as progress:
         planned = request.write(Path(own["output"]), progress)
-    as_json, line = summary(planned, own["output"], args)
+    as_json, line = planner_kind(kind_name).summary(planned, own["output"], args)
     if own["as_json"]:
         _print_json(as_json)
     else:
         _say(ctx, line)
 
 
-def _collective_summary(planned: PlannedFiles, output: str, args: dict[str, Any]) -> tuple[dict[str, Any], str]:
-    xml_path, sidecar = planned.files
-    plan_obj, p = planned.plan, planned.plan.payload
-    summary = {**plan_obj.summary(), "xml": str(xml_path), "sidecar": str(sidecar), "algorithm": p["algorithm"],
-               "ratio_to_bound": p["ratio_to_bound"]}
-    return summary, (f"{p['algorithm']}: {p['predicted_time_us']:.1f} us ({p['algbw_GBps']:.2f} GB/s algbw), "
-                     f"{p['ratio_to_bound']:.2f}x the lower bound {p['lower_bound']['time_us']:.1f} us "
-                     f"({plan_obj.status.value}); wrote {xml_path} and {sidecar}")
+def _add_plan_command(kind_name: str) -> None:
+    """`mlopt plan KIND` for a registered kind: its declared options as flags, its help, its summary line."""
+
+    @plan.command(kind_name, help=planner_kind(kind_name).command_help)
+    @kind_options(kind_name)
+    @click.pass_context
+    def command(ctx: click.Context, **params) -> None:
+        _plan_kind(ctx, kind_name, params)
 
 
-def _threads_summary(planned: PlannedFiles, output: str, args: dict[str, Any]) -> tuple[dict[str, Any], str]:
-    plan_obj, payload = planned.plan, planned.plan.payload
-    baseline = ", ".join(f"{k} {v:.0f}" for k, v in payload["baselines"].items())
-    return {**plan_obj.summary(), "file": output}, (
-        f"threads: {len(payload['groups'])} groups, backward {plan_obj.objective:.0f} us ({plan_obj.status.value}); "
-        f"baselines (us): {baseline}; wrote {output} and {planned.files[0]}")
-
-
-def _schedule_summary(planned: PlannedFiles, output: str, args: dict[str, Any]) -> tuple[dict[str, Any], str]:
-    payload = planned.plan.payload
-    systems = ", ".join(f"{k} {v:.0f}" for k, v in payload["systems"].items())
-    return {**planned.plan.summary(), "file": output}, (
-        f"schedule: iteration {payload['predicted']['iteration_us']:.0f} us ({args['algorithm']}); "
-        f"systems (us per iteration): {systems}; wrote {output}")
-
-
-def _memory_summary(planned: PlannedFiles, output: str, args: dict[str, Any]) -> tuple[dict[str, Any], str]:
-    plan_obj, payload = planned.plan, planned.plan.payload
-    predicted = payload["predicted"]
-    summary = {**plan_obj.summary(), "file": output, "budget_bytes": payload["budget_bytes"], **predicted}
-    gap = f", gap {plan_obj.gap * 100:.2f}%" if plan_obj.gap is not None else ""
-    vs_least = predicted.get("compute_overhead_vs_least")
-    least = (f", {vs_least * 100:+.1f}% over the fastest implementations"
-             if vs_least is not None and abs(vs_least - predicted["compute_overhead"]) >= 5e-4 else "")
-    return summary, (
-        f"{args['algorithm']}: peak {format_size(predicted['peak_bytes'])} <= budget "
-        f"{format_size(payload['budget_bytes'])} ({predicted['memory_ratio']:.2f}x store-all "
-        f"{format_size(payload['store_all']['peak_bytes'])}), compute {predicted['compute_overhead'] * 100:+.1f}%"
-        f"{least} ({plan_obj.status.value}{gap}); wrote {output}")
-
-
-@plan.command("collective")
-@kind_options("collective")
-@click.pass_context
-def plan_collective_cmd(ctx: click.Context, **params) -> None:
-    """Synthesize a collective algorithm as MSCCL-EF XML (-o ag.xml) plus a JSON sidecar (ag.json)."""
-    _plan_kind(ctx, "collective", params, _collective_summary)
-
-
-@plan.command("threads")
-@kind_options("threads")
-@click.pass_context
-def plan_threads_cmd(ctx: click.Context, **params) -> None:
-    """Communication threads per fusion group (LIBRA); -o threads.plan.json (+ .nccl-tuner.csv beside it)."""
-    _plan_kind(ctx, "threads", params, _threads_summary)
-
-
-@plan.command("schedule")
-@kind_options("schedule")
-@click.pass_context
-def plan_schedule_cmd(ctx: click.Context, **params) -> None:
-    """Comm-op scheduling and execution plans (Syndicate), first version; -o schedule.plan.json."""
-    _plan_kind(ctx, "schedule", params, _schedule_summary)
+for _kind in planner_kinds():  # memory's command (below) adds --sweep to what the kind declares
+    if _kind.prepare_plan is not None and _kind.name != "memory":
+        _add_plan_command(_kind.name)
 
 
 @plan.command("memory")
@@ -513,12 +464,14 @@ def plan_schedule_cmd(ctx: click.Context, **params) -> None:
               help="Budget ratios, e.g. 0.3,0.4,...,1.0: one plan each, a table and a PNG in the -o folder.")
 @click.pass_context
 def plan_memory_cmd(ctx: click.Context, sweep_text: str | None, **params) -> None:
-    """Checkpointing and operator implementations under a memory budget (MONeT); -o memory.plan.json."""
+    """Checkpointing and operator implementations under a memory budget (MONeT); -o memory.plan.json.
+
+    The kind's command (planner_kind("memory")), plus --sweep: a folder of plans over budget ratios."""
     given = sum(x is not None for x in (params["budget"], params["budget_ratio"], sweep_text))
     if given != 1:
         raise click.UsageError("give exactly one of --budget, --budget-ratio and --sweep")
     if sweep_text is None:
-        _plan_kind(ctx, "memory", params, _memory_summary)
+        _plan_kind(ctx, "memory", params)
         return
     if params["check_path"] is not None:
         raise click.UsageError("--check takes one plan: check the plans of a --sweep one by one")

@@ -173,6 +173,9 @@ class PlannerKind:
     command_options: tuple[CommandOption, ...] = ()
     shared_options: tuple[CommandOption, ...] = ()
     prepare_plan: PreparePlan | None = None  # None: no `mlopt plan KIND` subcommand (a test's kind)
+    command_help: str = ""  # `mlopt plan KIND --help`: what the command plans and writes
+    # (what was written, -o as given, the options by flag name) -> (the --json summary, the one line printed)
+    summary: Callable[[PlannedFiles, str, dict[str, Any]], tuple[dict[str, Any], str]] | None = None
 
     @property
     def all_command_options(self) -> tuple[CommandOption, ...]:

@@ -113,6 +113,18 @@ def prepare_plan(args: dict[str, Any]) -> PlanRequest:
     return PlanRequest(inputs, options, vars(copts), f"planning {copts.collective} on {topology.name}", write)
 
 
+def summary(planned: PlannedFiles, output: str, args: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """`mlopt plan collective`'s --json summary and its one line about what was written."""
+    xml_path, sidecar = planned.files
+    plan_obj, p = planned.plan, planned.plan.payload
+    summary = {**plan_obj.summary(), "xml": str(xml_path), "sidecar": str(sidecar), "algorithm": p["algorithm"],
+               "ratio_to_bound": p["ratio_to_bound"]}
+    return summary, (f"{p['algorithm']}: {p['predicted_time_us']:.1f} us ({p['algbw_GBps']:.2f} GB/s algbw), "
+                     f"{p['ratio_to_bound']:.2f}x the lower bound {p['lower_bound']['time_us']:.1f} us "
+                     f"({plan_obj.status.value}); wrote {xml_path} and {sidecar}")
+
+
+
 KIND = PlannerKind(
     name="collective",
     options_type=CollectiveOptions,
@@ -130,4 +142,6 @@ KIND = PlannerKind(
     command_options=COMMAND_OPTIONS,
     shared_options=PLANNER_COMMAND_OPTIONS,
     prepare_plan=prepare_plan,
+    command_help='Synthesize a collective algorithm as MSCCL-EF XML (-o ag.xml) plus a JSON sidecar (ag.json).',
+    summary=summary,
 )

@@ -10,7 +10,7 @@ from typing import Any
 from mlopt.errors import InputError
 from mlopt.formats.io import read_document, write_json
 from mlopt.formats.loaders import load_trace_any
-from mlopt.formats.sizes import parse_size
+from mlopt.formats.sizes import format_size, parse_size
 from mlopt.planners.memory import from_trace
 from mlopt.planners.memory.build import build_problem
 from mlopt.planners.memory.planner import DEFAULT_SEARCH_SHARE, MemoryOptions, plan_memory
@@ -116,6 +116,23 @@ def prepare_plan(args: dict[str, Any]) -> PlanRequest:
                        f"planning memory for {setup.model_path}", write)
 
 
+def summary(planned: PlannedFiles, output: str, args: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """`mlopt plan memory`'s --json summary and its one line about what was written."""
+    plan_obj, payload = planned.plan, planned.plan.payload
+    predicted = payload["predicted"]
+    summary = {**plan_obj.summary(), "file": output, "budget_bytes": payload["budget_bytes"], **predicted}
+    gap = f", gap {plan_obj.gap * 100:.2f}%" if plan_obj.gap is not None else ""
+    vs_least = predicted.get("compute_overhead_vs_least")
+    least = (f", {vs_least * 100:+.1f}% over the fastest implementations"
+             if vs_least is not None and abs(vs_least - predicted["compute_overhead"]) >= 5e-4 else "")
+    return summary, (
+        f"{args['algorithm']}: peak {format_size(predicted['peak_bytes'])} <= budget "
+        f"{format_size(payload['budget_bytes'])} ({predicted['memory_ratio']:.2f}x store-all "
+        f"{format_size(payload['store_all']['peak_bytes'])}), compute {predicted['compute_overhead'] * 100:+.1f}%"
+        f"{least} ({plan_obj.status.value}{gap}); wrote {output}")
+
+
+
 KIND = PlannerKind(
     name="memory",
     options_type=MemoryOptions,
@@ -132,4 +149,6 @@ KIND = PlannerKind(
     command_options=COMMAND_OPTIONS,
     shared_options=PLANNER_COMMAND_OPTIONS,
     prepare_plan=prepare_plan,
+    command_help='Checkpointing and operator implementations under a memory budget (MONeT); -o memory.plan.json.',
+    summary=summary,
 )

@@ -66,6 +66,16 @@ def prepare_plan(args: dict[str, Any]) -> PlanRequest:
                        write, notices)
 
 
+def summary(planned: PlannedFiles, output: str, args: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """`mlopt plan schedule`'s --json summary and its one line about what was written."""
+    payload = planned.plan.payload
+    systems = ", ".join(f"{k} {v:.0f}" for k, v in payload["systems"].items())
+    return {**planned.plan.summary(), "file": output}, (
+        f"schedule: iteration {payload['predicted']['iteration_us']:.0f} us ({args['algorithm']}); "
+        f"systems (us per iteration): {systems}; wrote {output}")
+
+
+
 KIND = PlannerKind(
     name="schedule",
     options_type=ScheduleOptions,
@@ -85,4 +95,6 @@ KIND = PlannerKind(
     command_options=COMMAND_OPTIONS,
     shared_options=SOLVERLESS_COMMAND_OPTIONS,
     prepare_plan=prepare_plan,
+    command_help='Comm-op scheduling and execution plans (Syndicate), first version; -o schedule.plan.json.',
+    summary=summary,
 )

@@ -29,7 +29,7 @@ from functools import lru_cache
 from typing import Any, Iterable, Mapping, MutableMapping
 
 from mlopt.formats.io import sha256_bytes
-from mlopt.formats.msccl import Gpu, Program, Step, Threadblock
+from mlopt.formats.msccl import MAX_CHANNELS, MAX_STEPS_PER_THREADBLOCK, Gpu, Program, Step, Threadblock
 from mlopt.formats.msccl_xml import check_limits, write_program
 from mlopt.formats.topology import fully_connected
 from mlopt.planners.collective.baselines import ring
@@ -121,7 +121,21 @@ def _pattern_alltoall_program(n: int, pairs: frozenset[tuple[int, int]]) -> Prog
     return _checked(f"enforcer_alltoall{n}_pattern", "alltoall", n, gpus)
 
 
+def _too_many_ring_steps(collective: str, n: int) -> None:
+    """LoweringError, before any lowering, when a ring program over n ranks cannot fit the executor: a ring
+    all-to-all sends n (n - 1) / 2 messages over each link, at least one step each in the sending threadblock,
+    and a threadblock spread over every channel holds at most MAX_STEPS_PER_THREADBLOCK steps per channel.
+    (Lowering a 128-rank ring all-to-all only to learn this takes about a minute.)"""
+    if collective != "alltoall":
+        return  # the other rings take at most 2 (n - 1) steps per link
+    least, most = n * (n - 1) // 2, MAX_STEPS_PER_THREADBLOCK * MAX_CHANNELS
+    if least > most:
+        raise LoweringError(f"cannot fit the executor's limits: a threadblock needs at least {least} steps, more "
+                            f"than {MAX_STEPS_PER_THREADBLOCK} on each of {MAX_CHANNELS} channels")
+
+
 def _ring_program(collective: str, n: int, root: int) -> Program:
+    _too_many_ring_steps(collective, n)
     alg = ring(fully_connected(n), CollectiveSpec(collective, n, 1, root=root), channels=1)
     name = f"enforcer_{collective}{n}" + (f"_root{root}" if collective in ROOTED else "")
     return declare_proven_modes(lower(alg, name=name))

@@ -83,6 +83,16 @@ def prepare_plan(args: dict[str, Any]) -> PlanRequest:
     return PlanRequest(inputs, planner_options, vars(options), f"planning threads for {model_path}", write)
 
 
+def summary(planned: PlannedFiles, output: str, args: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """`mlopt plan threads`'s --json summary and its one line about what was written."""
+    plan_obj, payload = planned.plan, planned.plan.payload
+    baseline = ", ".join(f"{k} {v:.0f}" for k, v in payload["baselines"].items())
+    return {**plan_obj.summary(), "file": output}, (
+        f"threads: {len(payload['groups'])} groups, backward {plan_obj.objective:.0f} us ({plan_obj.status.value}); "
+        f"baselines (us): {baseline}; wrote {output} and {planned.files[0]}")
+
+
+
 KIND = PlannerKind(
     name="threads",
     options_type=ThreadsOptions,
@@ -99,4 +109,6 @@ KIND = PlannerKind(
     command_options=COMMAND_OPTIONS,
     shared_options=SOLVERLESS_COMMAND_OPTIONS,
     prepare_plan=prepare_plan,
+    command_help='Communication threads per fusion group (LIBRA); -o threads.plan.json (+ .nccl-tuner.csv beside it).',
+    summary=summary,
 )

@@ -207,3 +207,10 @@ def test_the_enforcer_refuses_a_motif_whose_program_is_marked(planned):
     motif = next(tm for op in table.ops for tm in op.motifs if tm.program == entry["id"])
     with pytest.raises(ValueError, match="no runnable program"):
         enforcer._carried(table, motif, "motif x")
+
+
+def test_a_ring_alltoall_over_128_ranks_is_marked_without_lowering_it():
+    rows = [{"motifs": [{"collective": "alltoall", "ranks": list(range(128))}]}]
+    (entry,) = P.carried_programs(rows)
+    assert entry["xml"] is None and "at least 8128 steps" in entry["unrunnable"]
+    P.motif_program(P.ProgramKey("alltoall", 32))  # 496 messages per link: spread over channels, it fits
