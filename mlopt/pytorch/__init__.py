@@ -27,13 +27,15 @@ from mlopt.pytorch.backend import (
     register,
     resolve_options,
 )
+from mlopt.pytorch.models import prepare_torchvision
 from mlopt.pytorch.plans import Choice, PlanBook, PlanIndex, load_index
 from mlopt.pytorch.apply import AppliedPlans, PlanOutcome, apply_plans
+from mlopt.pytorch.memory import load_memory_plan
 
 __all__ = [
     "BACKEND_NAME", "INDEX_ENV", "AppliedPlans", "BackendOptions", "Choice", "MloptProcessGroup", "PlanBook",
-    "PlanIndex", "PlanOutcome", "apply_plans", "backend_of", "configure", "load_index", "register",
-    "resolve_options",
+    "PlanIndex", "PlanOutcome", "apply_plans", "backend_of", "configure", "load_index", "load_memory_plan",
+    "prepare_torchvision", "register", "resolve_options",
 ]
 
 register()

@@ -32,13 +32,18 @@ profile_memory=True and adds up the allocator's [memory] events in time order: `
 what is still allocated when the loss has been computed, relative to just before the forward pass
 (the activation memory kept for backward, comparable to ReplayResult.forward_end_bytes), `peak_bytes`
 the step's high-water mark above that level (comparable to ReplayResult.peak_bytes - constant_bytes;
-CPU backward kernels' temporaries, e.g. native_batch_norm_backward's input-sized one, are not in
-traces, so measured peaks run slightly higher).
+CPU backward kernels' temporaries, e.g. native_batch_norm_backward's input-sized one, are not in traces:
+the problem charges them as their stage's workspace, measured by `mlopt profile operators` or from the
+catalog, catalog.backward_transient_bytes).
+
+`load_memory_plan(path, model, trace=TRACE)` does what `mlopt validate` does with a plan file and its trace
+(rebuild the problem, check the plan is the trace's, replay it) and returns `apply_memory_plan`'s executor.
 """
 
 from __future__ import annotations
 
 import gc
+import os
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -47,12 +52,17 @@ import torch
 from torch import nn
 from torch.profiler import ProfilerActivity, profile, record_function
 
+from mlopt.errors import InputError
+from mlopt.formats.io import sha256_file
+from mlopt.formats.loaders import load_trace_any
+from mlopt.formats.plan import load_plan
 from mlopt.planners.memory.problem import MemoryProblem
 from mlopt.planners.memory.schedule import Schedule
+from mlopt.planners.memory.validate import replay_plan
 from mlopt.pytorch.memory_engine import PlanExecutor, PlanMismatchError
 
-__all__ = ["PlanExecutor", "PlanMismatchError", "StepMeasure", "apply_memory_plan", "measure_step",
-           "memory_timeline"]
+__all__ = ["PlanExecutor", "PlanMismatchError", "StepMeasure", "apply_memory_plan", "load_memory_plan",
+           "measure_step", "memory_timeline"]
 
 _MARKERS = ("mlopt::step_begin", "mlopt::forward_end", "mlopt::step_end")
 
@@ -67,6 +77,26 @@ def apply_memory_plan(model: nn.Module, problem: MemoryProblem, schedule: Schedu
     PlanMismatchError (an InputError) during the forward pass when the model does not run the plan's ops.
     """
     return PlanExecutor(model, problem, schedule, trace=trace, label=label)
+
+
+def load_memory_plan(path: str | os.PathLike, model: nn.Module, *, trace: str | os.PathLike) -> PlanExecutor:
+    """The executor of the memory plan file `path` (from `mlopt plan memory`) for `model`.
+
+    `trace` is the trace file the plan was made from: the problem and schedule are rebuilt from it exactly
+    as `mlopt validate PLAN --model TRACE` does (same operator profile, same checks, the schedule replayed),
+    so a plan that validates is the plan that runs. Raises InputError (one line, naming `path`) for a file
+    that is not a memory plan, a plan made from another trace (its recorded trace hash differs), or a
+    schedule that does not replay on this trace.
+    """
+    source = str(path)
+    plan = load_plan(path)
+    if plan.kind != "memory":
+        raise InputError(source, "$.kind", f"is {plan.kind!r}, load_memory_plan reads memory plans")
+    made_for = plan.provenance.get("inputs", {}).get("model")
+    if made_for is not None and made_for != sha256_file(trace):
+        raise InputError(source, "$.provenance.inputs.model", f"the plan was made from another trace than {trace}")
+    problem, schedule, _ = replay_plan(plan, source, str(trace))
+    return apply_memory_plan(model, problem, schedule, trace=load_trace_any(str(trace)), label=source)
 
 
 @dataclass

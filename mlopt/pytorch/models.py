@@ -17,7 +17,9 @@ checking that the ops exist ("operator torchvision::nms does not exist"). Only w
 with that error do we declare those two op schemas in a `torch.library.Library` fragment and import again:
 the pure-Python model zoo then works, nms itself has no kernel. The Library unregisters its definitions
 when garbage-collected, so its handle lives in the returned `ModelContext`, which callers keep alive
-while they use the model. Nothing is kept in module-level state.
+while they use the model. `prepare_torchvision` is the public form for a training script: it keeps the
+handle for the life of the process (the one module-level state here), so that a later plain
+`import torchvision` works.
 """
 
 from __future__ import annotations
@@ -120,6 +122,29 @@ def import_torchvision() -> tuple[ModuleType, Any]:
         stacklevel=2,
     )
     return module, shim
+
+
+# Shims `prepare_torchvision` made: torchvision's registrations must outlive every use in the process.
+_PROCESS_SHIMS: list[Any] = []
+
+
+def prepare_torchvision() -> ModuleType:
+    """Make torchvision importable in this process and return it; call it before `import torchvision`.
+
+        import mlopt.pytorch
+        torchvision = mlopt.pytorch.prepare_torchvision()   # or: prepare_torchvision(); import torchvision
+        model = torchvision.models.resnet18()
+
+    Needed where the installed torchvision wheel was built for another torch (pip gives the CPU torch of
+    mlopt's `torch` extra a CUDA torchvision): its compiled ops do not load and a plain `import torchvision`
+    fails with "operator torchvision::nms does not exist". The model zoo, transforms and datasets are pure
+    Python and work; `torchvision.ops.nms` has no kernel then. Where the wheel matches torch, this is a plain
+    import. Raises the import's error when torchvision cannot be imported even so.
+    """
+    module, shim = import_torchvision()
+    if shim is not None:
+        _PROCESS_SHIMS.append(shim)
+    return module
 
 
 def _import_named_module(spec: str, module_name: str, context: ModelContext) -> ModuleType:

@@ -65,7 +65,7 @@ def test_joint_never_worse_than_checkpoint_only(run_cli, tiny_trace, tmp_path):
     objectives = {}
     for algorithm in ("monet", "checkpoint-only"):
         out = tmp_path / f"{algorithm}.plan.json"
-        assert plan(run_cli, tiny_trace, out, "--algorithm", algorithm, "--budget-ratio", "0.7").code == 0
+        assert plan(run_cli, tiny_trace, out, "--algorithm", algorithm, "--budget-ratio", "0.8").code == 0
         doc = json.loads(out.read_text())
         objectives[algorithm] = doc["provenance"]["objective"]
         assert doc["provenance"]["status"] == "optimal"  # tiny: proven
@@ -79,7 +79,7 @@ def test_joint_never_worse_than_checkpoint_only(run_cli, tiny_trace, tmp_path):
 def test_same_inputs_give_byte_identical_plans(run_cli, tiny_trace, tmp_path):
     first, second = tmp_path / "a.plan.json", tmp_path / "b.plan.json"
     for out in (first, second):
-        assert plan(run_cli, tiny_trace, out, "--budget-ratio", "0.7").code == 0
+        assert plan(run_cli, tiny_trace, out, "--budget-ratio", "0.8").code == 0
     assert first.read_bytes() == second.read_bytes()
 
 
@@ -98,7 +98,7 @@ def test_budget_flags_are_exclusive(run_cli, tiny_trace, tmp_path):
 
 def test_validate_needs_the_model_and_catches_tampering(run_cli, tiny_trace, tmp_path):
     out = tmp_path / "p.plan.json"
-    assert plan(run_cli, tiny_trace, out, "--algorithm", "checkpoint-only", "--budget-ratio", "0.7").code == 0
+    assert plan(run_cli, tiny_trace, out, "--algorithm", "checkpoint-only", "--budget-ratio", "0.8").code == 0
     r = run_cli("validate", out)
     assert r.code == 2 and "--model" in r.err
     doc = json.loads(out.read_text())
@@ -140,7 +140,7 @@ def test_overhead_against_the_fastest_implementations(run_cli, tiny_trace, tmp_p
     """No schedule computes less than every operator once at its fastest implementation."""
     out = tmp_path / "p.plan.json"
     assert plan(run_cli, tiny_trace, out, "--algorithm", algorithm, "--budget-ratio", "1.0" if algorithm == "store-all"
-                else "0.7").code == 0
+                else "0.8").code == 0
     payload = json.loads(out.read_text())["payload"]
     least, predicted = payload["model"]["least_compute_us"], payload["predicted"]
     assert 0 < least <= payload["store_all"]["compute_us"]
@@ -188,13 +188,13 @@ def test_bad_ops_profile_names_the_field(run_cli, tiny_trace, tmp_path):
     profile = tmp_path / "ops.json"
     profile.write_text(json.dumps({"format": "mlopt-op-profile", "schema_version": "1.0",
                                    "ops": {"aten::convolution": {"forward": [{"name": "slow", "time_factor": -1}]}}}))
-    r = plan(run_cli, tiny_trace, tmp_path / "p.json", "--ops", profile, "--budget-ratio", "0.7")
+    r = plan(run_cli, tiny_trace, tmp_path / "p.json", "--ops", profile, "--budget-ratio", "0.8")
     assert r.code == 2 and "time_factor" in r.err and str(profile) in r.err
 
 
 def test_simulate_draws_memory_over_the_schedule(run_cli, tiny_trace, tmp_path):
     plans = []
-    for algorithm, ratio in (("store-all", "1"), ("checkpoint-only", "0.7")):
+    for algorithm, ratio in (("store-all", "1"), ("checkpoint-only", "0.8")):
         out = tmp_path / f"{algorithm}.plan.json"
         assert plan(run_cli, tiny_trace, out, "--algorithm", algorithm, "--budget-ratio", ratio).code == 0
         plans.append(out)

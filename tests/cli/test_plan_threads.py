@@ -46,16 +46,31 @@ def test_libra_plan_carries_groups_bound_and_artifacts(run_cli, trace, tmp_path)
     assert artifacts["env"]["NCCL_TUNER_CONFIG_FILE"] == "threads.plan.nccl-tuner.csv"
 
 
-def test_the_tuner_csv_parses_as_nccls_example_tuner_reads_it(run_cli, trace, tmp_path):
-    from mlopt.planners.threads.artifacts import match_config, parse_nccl_tuner_csv
+TUNED = ("allreduce", "broadcast", "allgather", "reducescatter", "reduce")
 
-    plan = _plan(run_cli, trace, tmp_path)
+
+@pytest.mark.parametrize("gpus_per_node, communicators", [(None, [(-1, -1), (1, 8), (8, 64)]),
+                                                          ("8", [(8, 64)])])
+def test_the_tuner_csv_parses_as_nccls_example_tuner_reads_it(run_cli, trace, tmp_path, gpus_per_node,
+                                                               communicators):
+    """Without --gpus-per-node the lines hold for any communicator (-1); with it, for nodes x GPUs ranks. Every
+    collective a DDP job issues gets the planned channels for its bucket sizes (NCCL's example plugin's rules)."""
+    from mlopt.planners.threads.artifacts import parse_nccl_tuner_csv, selected_channels
+
+    extra = ("--gpus-per-node", gpus_per_node) if gpus_per_node else ()
+    plan = _plan(run_cli, trace, tmp_path, *extra)
     rows = parse_nccl_tuner_csv((tmp_path / "threads.plan.nccl-tuner.csv").read_text())
-    assert rows and all(r["collective"] == "allreduce" and r["nRanks"] == 8 for r in rows)
+    assert {r["collective"] for r in rows} == set(TUNED)
+    if gpus_per_node:
+        assert {(r["nNodes"], r["nRanks"]) for r in rows} == {(8, 64)}
+    else:
+        assert {(r["nNodes"], r["nRanks"]) for r in rows} == {(-1, -1)}
     for group in plan["payload"]["groups"]:
         if group["bytes"]:
-            config = match_config(rows, "allreduce", group["bytes"], 1, 8)
-            assert config is not None and config["channels"] == group["channels"]
+            for collective in TUNED:
+                for nodes, ranks in communicators:
+                    got = selected_channels(rows, collective, group["bytes"], nodes, ranks)
+                    assert got == group["channels"], (collective, nodes, ranks)
 
 
 def test_same_inputs_same_plan(run_cli, trace, tmp_path):

@@ -270,3 +270,37 @@ def test_rebuilt_ops_match_their_trace_shapes():
     with pytest.raises(op_kernels.NotRebuilt):
         op_kernels.build(op_kernels.OpTensors(Op(2, "aten::gelu", "forward", (0,), (2,)), (x,), (y,)),
                          torch.device("cpu"))
+
+
+def test_measured_backward_transients_are_the_calibration_of_the_catalog(profiled):
+    """The profiler records each backward kernel's transient bytes (its workspace: peak - retained while it
+    runs). Batch norm's is the catalog's input-sized temporary to the byte; oneDNN convolution's is at least
+    the catalog's operand copies (on these tiny shapes oneDNN adds scratch memory the constants, fitted on
+    ResNet shapes, leave out: hence the profile wins). The problem of the profiled trace charges the measured
+    figures."""
+    from mlopt.formats.trace import load_trace
+    from mlopt.planners.memory.build import build_problem
+    from mlopt.planners.memory.catalog import backward_transient_bytes
+
+    trace = load_trace(profiled[0])
+    tensors = trace.tensor_map()
+    measured: dict[int, int] = {}  # forward op id -> measured transient bytes of its backward
+    for op in trace.ops:
+        if op.name not in ("aten::native_batch_norm_backward", "aten::convolution_backward"):
+            continue
+        dy, x = tensors[op.inputs[0]], tensors[op.inputs[1]]
+        computes = any(tensors[t].shape == x.shape for t in op.outputs)
+        catalog_bytes = backward_transient_bytes(op.name, "cpu", grad_output_bytes=dy.bytes, input_bytes=x.bytes,
+                                                 computes_grad_input=computes)
+        workspace = op.implementations[0].workspace_bytes
+        if op.name == "aten::native_batch_norm_backward":
+            assert workspace == catalog_bytes == x.bytes
+        else:
+            assert workspace >= catalog_bytes > 0
+        measured[op.forward_op] = workspace
+    assert len(measured) >= 4
+    problem = build_problem(trace)
+    assert problem.metadata["backward_transients"]["measured_ops"] > 0
+    charged = {node.op_id: node.backward[0].workspace_bytes for node in problem.nodes
+               if node.op_id in measured and node.backward and node.intermediate_of is None}
+    assert charged and all(charged[op_id] >= measured[op_id] for op_id in charged)

@@ -32,11 +32,23 @@ What the ET files look like (checked on the torch 2.15 CPU traces in shared/refe
   `record_param_comms`, no process group name: the ProcessGroup argument is "<Object>") with a
   `gloo:all_reduce` child; the gloo work finishes on a worker thread. DDP's gradient allreduce is launched
   from the AccumulateGrad hook, inside `evaluate_function: AccumulateGrad`.
-- Nesting is not trustworthy around asynchronous collectives: in the DDP traces every evaluate_function
-  that ran *after* the first allreduce is recorded as a child of the AccumulateGrad that launched it
-  (Kineto timestamps show they ran after it finished), and the second `gloo:broadcast` is a sibling of its
-  `c10d::broadcast_`. So inside an op, evaluate_function nodes, collectives and optimizer scopes are
-  hoisted out and become ops of their own; a stray `gloo:*`/`nccl:*` marker joins the collective before it.
+- Nesting is not trustworthy around asynchronous collectives: the `gloo:*` marker opens on the calling
+  thread and closes on the worker thread when the collective finishes, popping whatever the calling thread
+  has open then, so ops started meanwhile get the wrong parent. In the torch 2.15 DDP traces every
+  evaluate_function that ran *after* the first allreduce is recorded as a child of the AccumulateGrad that
+  launched it (Kineto timestamps show they ran after it finished), and the second `gloo:broadcast` is a
+  sibling of its `c10d::broadcast_`. In the torch 2.13 recordings of tests/data/pytorch-trace (profiler
+  schedule, several buckets) later allreduces, DDP's `mul_out` and `copy_bucket_to_grad` also hang under an
+  earlier evaluate_function, allreduce, marker or finished op, differently on each run and rank. Nodes are
+  written when they end, so when the file is in that order each thread's nesting is rebuilt from start
+  (id) and end (file position), markers aside (`_renest_by_exit_order`). Then, or for a file in another
+  order, inside an op evaluate_function nodes, collectives and optimizer scopes are hoisted out and become
+  ops of their own, as is what started after the collective an evaluate_function launched or after a
+  collective's own marker; a stray `gloo:*`/`nccl:*` marker joins the collective before it whose buffers
+  it names.
+- A step recorded with `torch.profiler.schedule(wait=1, warmup=1, active=1)` is `ProfilerStep#2` alone (no
+  warm-up ops in either file), and DDP's buckets were allocated in an earlier step: they are external
+  tensors, first touched by AccumulateGrad's `mul(out=bucket view)` (see `_drop_early_accesses`).
 - `## process_group:init ##` (recorded at start and again at the end) has one String input: a JSON list of
   {pg_name, pg_desc, backend_config, ranks, group_size, group_count}; empty `ranks` means all ranks. The ET
   records no rank: it comes from Kineto's `distributedInfo` (or the `rank` argument).
@@ -435,6 +447,51 @@ class _OpNode:
     comm: CommSpec | None = None
 
 
+def _thread_of(by_id: dict[int, _Node]) -> dict[int, int | None]:
+    """The thread node each node hangs under, following the recorded parents (None: under none)."""
+    thread: dict[int, int | None] = {}
+    for start in by_id:
+        chain, nid = [], start
+        while nid not in thread and nid in by_id and nid not in chain:
+            chain.append(nid)
+            node = by_id[nid]
+            if node.name == THREAD_NODE:
+                break
+            nid = node.parent if node.parent is not None else -1
+        found = nid if nid in by_id and by_id[nid].name == THREAD_NODE else thread.get(nid)
+        for c in chain:
+            thread[c] = found
+    return thread
+
+
+def _renest_by_exit_order(by_id: dict[int, _Node]) -> None:
+    """Rebuild each thread's nesting from when ops started (node id) and ended (file position).
+
+    The observer takes an op's parent from its thread's stack, which a gloo/nccl marker corrupts: the marker
+    opens on the calling thread and closes on a worker thread when the collective finishes, popping
+    whatever the calling thread has open then. Ops started meanwhile hang under the collective call, the
+    marker, or an op that had already ended (how deep depends on timing: evaluate_functions, DDP's
+    mul_out and copy_bucket_to_grad all end up there). Nodes are written when they end, so on one thread
+    the op that contains another is the latest one started before it that ended after it. Markers keep
+    their recorded parent (they do end out of order). Skipped when the file is not in end order (most
+    children would follow their parents), e.g. a rewritten file.
+    """
+    ops = [n for n in by_id.values() if n.name not in (PROCESS_NODE, THREAD_NODE)]
+    linked = [n for n in ops if n.parent in by_id and by_id[n.parent].name not in (PROCESS_NODE, THREAD_NODE)]
+    if 2 * sum(n.index < by_id[n.parent].index for n in linked) <= len(linked):
+        return
+    thread = _thread_of(by_id)
+    open_ops: dict[int | None, list[_Node]] = defaultdict(list)
+    for node in sorted(ops, key=lambda n: n.id):
+        if _is_comm_marker(node) or thread[node.id] is None:
+            continue
+        stack = open_ops[thread[node.id]]
+        while stack and stack[-1].index < node.index:
+            stack.pop()
+        node.parent = stack[-1].id if stack else thread[node.id]
+        stack.append(node)
+
+
 class _Forest:
     def __init__(self, nodes: list[_Node], src: str):
         self.src = src
@@ -443,6 +500,7 @@ class _Forest:
             if node.id in self.by_id:
                 raise InputError(src, f"$.nodes[{node.index}].id", f"duplicate node id {node.id}")
             self.by_id[node.id] = node
+        _renest_by_exit_order(self.by_id)
         self.roots: list[int] = []
         for node in sorted(nodes, key=lambda n: n.id):
             if node.parent is None or node.parent not in self.by_id:
@@ -505,6 +563,23 @@ def _choose_step_scope(forest: _Forest, step_scope: str | None) -> _Node:
     return biggest(roots)
 
 
+def _after_comm_launch(forest: _Forest, node: _Node) -> set[int]:
+    """Children that only look nested because an asynchronous collective kept a record open: those of an
+    evaluate_function that started after a collective it launched (DDP's hook launches the allreduce last;
+    later evaluate_functions and the reducer's copy_bucket_to_grad at the end of backward follow), and those
+    of a collective call that started after its backend marker (which ends the call's own work)."""
+    if node.name.startswith(EVALUATE_PREFIX):
+        launched = _is_comm_root
+    elif _is_comm_root(node):
+        launched = _is_comm_marker
+    else:
+        return set()
+    launch = min((c for c in node.children if launched(forest.by_id[c])), default=None)
+    if launch is None:
+        return set()
+    return {c for c in node.children if c > launch and not _is_comm_marker(forest.by_id[c])}
+
+
 def _collect_ops(forest: _Forest, scope: _Node) -> list[_OpNode]:
     ops: list[_OpNode] = []
 
@@ -529,10 +604,14 @@ def _collect_ops(forest: _Forest, scope: _Node) -> list[_OpNode]:
         while stack:
             node = forest.by_id[stack.pop()]
             op.members.append(node.id)
+            after_launch = _after_comm_launch(forest, node)
             for child_id in reversed(node.children):
                 child = forest.by_id[child_id]
                 hoist = (
-                    child.name.startswith(EVALUATE_PREFIX)
+                    _is_comm_marker(node)  # a backend marker has no children of its own (see above)
+                    or child_id in after_launch
+                    or (comm and _is_comm_marker(child) and not _marks(child, top))
+                    or child.name.startswith(EVALUATE_PREFIX)
                     or (not comm and (_is_comm_root(child) or _is_comm_marker(child)))
                     or (child.name.startswith("Optimizer.") and child.scope == SCOPE_USER)
                 )
@@ -568,12 +647,22 @@ def _collect_ops(forest: _Forest, scope: _Node) -> list[_OpNode]:
     return ops
 
 
+def _marks(marker: _Node, call: _Node) -> bool:
+    """Whether a backend marker can be the one of this collective call: it names none of the call's buffers
+    only when it belongs to another call (gloo markers of back-to-back allreduces nest into each other)."""
+    marker_storages = {r.sid for r in marker.inputs}
+    return not marker_storages or bool(marker_storages & {r.sid for r in call.inputs})
+
+
 def _merge_markers(ops: list[_OpNode]) -> list[_OpNode]:
-    """A top-level gloo:/nccl: marker belongs to the collective call just before it (mis-nested, see above)."""
+    """A top-level gloo:/nccl: marker belongs to the collective call just before it (mis-nested, see above),
+    or, when that call's buffers are not the marker's, to the latest earlier call whose buffers are.
+    What was recorded under a marker is hoisted already, as ops of their own (its breakouts)."""
     merged: list[_OpNode] = []
     for op in ops:
-        if _is_comm_marker(op.top) and not op.breakouts:
-            owner = next((m for m in reversed(merged) if _is_comm_root(m.top)), None)
+        if _is_comm_marker(op.top):
+            calls = [m for m in reversed(merged) if _is_comm_root(m.top)]
+            owner = next((m for m in calls if _marks(op.top, m.top)), calls[0] if calls else None)
             if owner is not None and _comm_collective(owner.top.name) == _comm_collective(op.top.name):
                 owner.members.extend(op.members)
                 continue
@@ -1015,17 +1104,30 @@ def _drop_early_accesses(flow: _Flow, preloaded: set[int]) -> None:
     For other external tensors read before their first write the writes are dropped (the writer keeps the
     tensor as an input). Reads of a created tensor before its first write can only come from collapsing
     reordering something; those reads are dropped.
+
+    An external tensor that the op first touching it reads and updates, and that later ops write too, is
+    storage left over from an earlier step that this step fills anew: DDP allocates its buckets in the first
+    iteration, so a step recorded with a profiler schedule finds them existing, and each bucket's first
+    access is the `mul(grad, 1/world, out=bucket view)` of AccumulateGrad's hook, a partial write that the
+    trace reads too (the rest of the bucket survives). Its stale contents feed nothing: the first writer
+    produces it, so that op's read is dropped (kept, every later writer would have to precede the op).
     """
     first_read: dict[int, int] = {}
     first_write: dict[int, int] = {}
+    write_count: dict[int, int] = defaultdict(int)
     for i, (ins, outs) in enumerate(zip(flow.inputs, flow.outputs)):
         for v in ins:
             first_read.setdefault(v, i)
         for v in outs:
             first_write.setdefault(v, i)
+            write_count[v] += 1
     for v, w in first_write.items():
         r = first_read.get(v)
-        if r is None or r >= w or v in preloaded:
+        if r is None or r > w or v in preloaded:
+            continue
+        if r == w:
+            if flow.external(v) and write_count[v] > 1:
+                flow.inputs[w].remove(v)
             continue
         if flow.external(v):
             for ins, outs in zip(flow.inputs, flow.outputs):

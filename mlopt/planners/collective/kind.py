@@ -8,16 +8,17 @@ from typing import Any
 
 from mlopt.errors import InputError
 from mlopt.formats.importers.taccl import import_taccl_sketch
-from mlopt.formats.io import read_document, sha256_bytes
+from mlopt.formats.io import read_document, sha256_bytes, write_files
 from mlopt.formats.loaders import resolve_topology
 from mlopt.formats.plan import PlanFile, sidecar_path
-from mlopt.formats.sizes import parse_size
+from mlopt.formats.sizes import parse_size, parse_size_range
 from mlopt.planners.collective import from_trace
-from mlopt.planners.collective.output import write_collective_plan
+from mlopt.planners.collective.output import collective_plan_files, write_collective_plan
 from mlopt.planners.collective.planner import CollectiveOptions, plan_collective
+from mlopt.planners.collective.size_bands import BandPlan, band_file_name, plan_size_bands
 from mlopt.planners.collective.validate import validate_collective_plan
 from mlopt.planners.options import PLANNER_COMMAND_OPTIONS, TOPOLOGY_COMMAND_OPTIONS, CommandOption, \
-    planner_options_from_args, topology_options_from_args
+    PlannerOptions, planner_options_from_args, topology_options_from_args
 from mlopt.planners.protocol import PlannedFiles, PlannerKind, PlanRequest, SimulationFacts, StalenessFacts, \
     envelope_metrics
 
@@ -79,7 +80,11 @@ COMMAND_OPTIONS = (
     CommandOption("collective", "choice", "", required=True,
                   choices=("allgather", "reducescatter", "allreduce", "alltoall", "broadcast", "reduce")),
     CommandOption("size", "text", "Buffer size, nccl-tests' convention: output per rank (allgather, alltoall), the "
-                                  "buffer (allreduce), input per rank (reducescatter). E.g. 1GiB.", required=True),
+                                  "buffer (allreduce), input per rank (reducescatter). E.g. 1GiB. The XML claims "
+                                  "this size only (minBytes = maxBytes = it)."),
+    CommandOption("sizes", "text", "Instead of --size: LO..HI (x4 steps, as mlopt simulate) or a comma list; -o is "
+                                   "then a folder with one XML (+ sidecar) per band of sizes that share the best "
+                                   "program, the bands tiling LO..HI (docs/collective.md)."),
     CommandOption("sketch", "text", "TACCL communication sketch JSON (repeatable; implies --algorithm taccl).",
                   default=(), multiple=True),
     CommandOption("algorithm", "choice", "auto: every applicable family, best simulated time wins.", default="auto",
@@ -100,7 +105,8 @@ def prepare_plan(args: dict[str, Any]) -> PlanRequest:
     sketch_paths = args["sketch"]
     sketches = [(import_taccl_sketch(read_document(p), p), p) for p in sketch_paths]
     algorithm = "taccl" if sketches and args["algorithm"] == "auto" else args["algorithm"]
-    copts = CollectiveOptions(args["collective"], parse_size(args["size"]), algorithm, args["instances"],
+    sizes = _sizes(args)
+    copts = CollectiveOptions(args["collective"], sizes[0], algorithm, args["instances"],
                               args["proto"], args["xml-dialect"], args["root"])
     options = planner_options_from_args(args)
     inputs = {"topology": args["topology"], **{f"sketch{i}": p for i, p in enumerate(sketch_paths)}}
@@ -110,11 +116,46 @@ def prepare_plan(args: dict[str, Any]) -> PlanRequest:
         xml_path, sidecar = write_collective_plan(result, str(output), copts, options)
         return PlannedFiles([xml_path, sidecar], result.plan)
 
-    return PlanRequest(inputs, options, vars(copts), f"planning {copts.collective} on {topology.name}", write)
+    def write_bands(output: Path, progress) -> PlannedFiles:
+        bands = plan_size_bands(topology, copts, options, sizes, inputs=inputs, sketches=sketches, progress=progress)
+        return write_band_files(bands, output, options)
+
+    title = f"planning {copts.collective} on {topology.name}"
+    if args.get("sizes") is not None:
+        return PlanRequest(inputs, options, vars(copts), f"{title} for {len(sizes)} sizes", write_bands)
+    return PlanRequest(inputs, options, vars(copts), title, write)
+
+
+def _sizes(args: dict[str, Any]) -> list[int]:
+    """--size S -> [S]; --sizes LO..HI -> the grid mlopt simulate uses; exactly one of them."""
+    size, sizes = args.get("size"), args.get("sizes")
+    if (size is None) == (sizes is None):
+        raise InputError("--size", "$", "give exactly one of --size and --sizes")
+    return [parse_size(size)] if size is not None else sorted(set(parse_size_range(sizes)))
+
+
+def write_band_files(bands: list[BandPlan], folder: Path, options: PlannerOptions) -> PlannedFiles:
+    """One XML and its sidecar per band, named in size order, into `folder` (all of them or none)."""
+    if folder.suffix == ".xml" or folder.is_file():
+        raise InputError(str(folder), "$", "--sizes writes a folder of XMLs: give -o a folder")
+    contents: dict[Path, str] = {}
+    for index, band in enumerate(bands):
+        xml = folder / band_file_name(band.copts.collective, index, band.band)
+        contents.update(collective_plan_files(band.planned, xml, band.copts, options, band.band))
+    # An earlier sweep's bands would overlap these ones in the folder MSCCL reads: refuse rather than mix them.
+    leftovers = sorted(set(folder.glob(f"{bands[0].copts.collective}-[0-9][0-9]-*.xml")) - set(contents))
+    if leftovers:
+        raise InputError(str(folder), "$", f"holds {leftovers[0].name} from another sweep ({len(leftovers)} file(s)); "
+                                           "its bands would overlap these: remove it or give another folder")
+    folder.mkdir(parents=True, exist_ok=True)
+    write_files(contents)
+    return PlannedFiles(list(contents), bands[-1].planned.plan)
 
 
 def summary(planned: PlannedFiles, output: str, args: dict[str, Any]) -> tuple[dict[str, Any], str]:
     """`mlopt plan collective`'s --json summary and its one line about what was written."""
+    if len(planned.files) > 2:
+        return _bands_summary(planned)
     xml_path, sidecar = planned.files
     plan_obj, p = planned.plan, planned.plan.payload
     summary = {**plan_obj.summary(), "xml": str(xml_path), "sidecar": str(sidecar), "algorithm": p["algorithm"],
@@ -123,6 +164,16 @@ def summary(planned: PlannedFiles, output: str, args: dict[str, Any]) -> tuple[d
                      f"{p['ratio_to_bound']:.2f}x the lower bound {p['lower_bound']['time_us']:.1f} us "
                      f"({plan_obj.status.value}); wrote {xml_path} and {sidecar}")
 
+
+def _bands_summary(planned: PlannedFiles) -> tuple[dict[str, Any], str]:
+    """`mlopt plan collective --sizes`: each band's file, sizes and algorithm."""
+    xmls = [f for f in planned.files if f.suffix == ".xml"]
+    bands = []
+    for xml in xmls:
+        payload = read_document(str(sidecar_path(xml)))["payload"]
+        bands.append({"xml": str(xml), "algorithm": payload["algorithm"], **payload["size_band"]})
+    lines = "; ".join(f"{b['min_bytes']}..{b['max_bytes']} B: {b['algorithm']}" for b in bands)
+    return {"bands": bands}, f"{len(bands)} band(s): {lines}; wrote {len(planned.files)} files in {xmls[0].parent}"
 
 
 KIND = PlannerKind(

@@ -19,7 +19,11 @@ Backward. Backward ops are grouped by `forward_op` into the stage of that op's n
 forward_op, or whose forward op made no node (views), join the stage of the next paired op in trace
 order (the last paired op's stage when none follows), so the backward time is the trace's. D_k of
 the default implementation = the producers, as of the end of the forward pass, of the activation
-tensors the stage's ops read. Its time is the sum of its ops' times, its workspace their maximum.
+tensors the stage's ops read. Its time is the sum of its ops' times, its workspace their maximum. A
+backward op's workspace is what its kernel allocates beyond what it returns (batch norm's input-sized
+temporary, oneDNN convolution's operand copies): measured where `mlopt profile operators` profiled the op,
+else the catalog's constants for the trace's device (catalog.backward_transient_bytes), whichever the
+trace's own figure does not exceed; the stage's peak counts it (c_hat_k in the ILP and the replay).
 
 Gradients (decision-independent constants). Backward ops run in stage order (k = N-1..0, trace order
 inside a stage). y_bytes(k) = bytes of the gradient tensors first written in stage k (temporaries
@@ -208,6 +212,42 @@ def _stages(backward_ops: list[Op], stage_of: dict[int, int], producer: dict[int
             for k, ops in grouped.items()}
 
 
+def _profiled_op_ids(trace: ModelTrace) -> set[int]:
+    """The ops whose implementations `mlopt profile operators` measured (their workspace is measured)."""
+    profiled = trace.source.get("operator_profile") if isinstance(trace.source, dict) else None
+    measurements = profiled.get("measurements") if isinstance(profiled, dict) else None
+    return {op_id for m in measurements or () if isinstance(m, dict) for op_id in m.get("op_ids") or ()}
+
+
+def _catalog_transient(op: Op, tensors: dict[int, Tensor], device: Any) -> int:
+    """The catalog's transient bytes of a backward op whose first two inputs are (dy, x)."""
+    if len(op.inputs) < 2:
+        return 0
+    grad_output, forward_input = tensors[op.inputs[0]], tensors[op.inputs[1]]
+    computes_grad_input = any(tensors[t].bytes == forward_input.bytes and tensors[t].shape == forward_input.shape
+                              for t in op.outputs)
+    return catalog.backward_transient_bytes(op.name, device, grad_output_bytes=grad_output.bytes,
+                                            input_bytes=forward_input.bytes, computes_grad_input=computes_grad_input)
+
+
+def _with_backward_transients(trace: ModelTrace, tensors: dict[int, Tensor],
+                              backward_ops: list[Op]) -> tuple[list[Op], dict[str, Any]]:
+    """The backward ops with each unprofiled op's default workspace raised to the catalog's transient bytes
+    (module docstring), and a summary for the problem's metadata."""
+    measured = _profiled_op_ids(trace)
+    device = trace.source.get("device") if isinstance(trace.source, dict) else None
+    out, raised, largest = [], 0, 0
+    for op in backward_ops:
+        default = op.implementations[0]
+        transient = 0 if op.id in measured else _catalog_transient(op, tensors, device)
+        if transient > (default.workspace_bytes or 0):
+            op = replace(op, implementations=(replace(default, workspace_bytes=transient),) + op.implementations[1:])
+            raised += 1
+            largest = max(largest, transient)
+        out.append(op)
+    return out, {"catalog_ops": raised, "catalog_max_bytes": largest, "measured_ops": len(measured)}
+
+
 def _traced_backward(k: int, stage: _Stage, times: dict[int, list[float]], inputs: tuple[int, ...],
                      intermediates: set[int]) -> tuple[BackwardImpl, ...]:
     """The measured stage, plus one alternative per extra trace implementation of one of its ops."""
@@ -337,7 +377,7 @@ def build_problem(trace: ModelTrace, profile: dict | None = None, source: str = 
         raise InputError(source, "$.ops", "the trace has no forward ops to plan memory for")
     users = _forward_users(drafts)
     finals = _final_outputs(trace, fwd, tensors)
-    backward_ops = trace.ops_by_role("backward")
+    backward_ops, transients = _with_backward_transients(trace, tensors, trace.ops_by_role("backward"))
     stage_of, unpaired = _stage_of_ops(backward_ops, fwd.node_of_op)
     stages = _stages(backward_ops, stage_of, fwd.producer_at_end)
     y_bytes, grad_live, early_grads = _gradient_memory(trace, tensors, stage_of, n)
@@ -369,6 +409,7 @@ def build_problem(trace: ModelTrace, profile: dict | None = None, source: str = 
     warnings = _problem_warnings(trace, unknown, defaulted, early_grads, backward_ops, stage_of)
     cost_source, metadata = _cost_source_and_metadata(trace, profile, profile_source, source, defaulted, fwd,
                                                       nodes, intermediates, unpaired, dominated, unknown, factors)
+    metadata["backward_transients"] = transients
     return MemoryProblem(name=trace.name, nodes=tuple(nodes), constant_bytes=_constant_bytes(trace),
                          final_outputs=finals, warnings=tuple(warnings), cost_source=cost_source,
                          metadata=metadata)

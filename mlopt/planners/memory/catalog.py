@@ -48,6 +48,24 @@ in-place one, since it writes a fresh buffer), or the generic constants below fo
 
 Dominated implementations (same dependencies and in-place flag, no faster and no leaner than another)
 are dropped, never the default.
+
+Backward transients. Some backward kernels allocate temporaries inside the one aten op a trace records,
+so the trace sees neither their bytes nor their lifetime; they are live while the op runs, on top of the
+gradients it returns. They are the op's workspace c_hat (its stage's peak counts them; build.py takes the
+stage's largest), from the operator profile where `mlopt profile operators` measured the op (its
+"workspace": the allocator's peak during the call minus what the call returns), else from the constants
+of the trace's device, `backward_transient_bytes`. CPU (torch 2.13 CPU build, one thread, measured with
+the CPU allocator's profiler events on ResNet-shaped operands, batch 4-16):
+* aten::native_batch_norm_backward: one input-sized temporary, |x|, besides grad_input.
+* aten::convolution_backward (oneDNN): without grad_input (the first layer) a copy of grad_output, |dy|;
+  with it, |x| + max(|x|, |dy|) (copies of the operands in the kernel's layout; exact for stride 1, an
+  upper bound within 2% for stride 2). On tiny shapes oneDNN adds scratch memory these leave out (31 KB
+  measured against 16 KB at 4x8x8x8): a few KB, which `mlopt profile operators` measures.
+Every other backward op measured (threshold_backward, max_pool2d_with_indices_backward, mm, layer norm,
+softmax, GELU) allocates only what it returns. A CUDA trace has no constants (the caching allocator's
+workspace depends on cuDNN's algorithm): profile it. The allocator's rounding is not modelled: PyTorch's
+CPU allocator reports the bytes asked for (64-byte aligned blocks, below 0.01% on activation-sized
+tensors); the page rounding of glibc's mmap shows only in the process's RSS.
 """
 
 from __future__ import annotations
@@ -165,6 +183,25 @@ _CHECK_OF_FACTOR = {
     "bn_rebuild": "bn_rebuild_time_factor",
     "bn_reuse_stats": "bn_reuse_stats_time_factor",
 }
+
+
+BN_BACKWARD_OP = "aten::native_batch_norm_backward"
+CONV_BACKWARD_OP = "aten::convolution_backward"
+
+
+def backward_transient_bytes(op_name: str, device: Any, *, grad_output_bytes: int, input_bytes: int,
+                             computes_grad_input: bool) -> int:
+    """Bytes a backward kernel allocates while it runs beyond what it returns (module docstring), from the
+    constants of the trace's device (`source.device`); 0 for ops and devices without constants.
+    `grad_output_bytes` = |dy| (the op's first input), `input_bytes` = |x| (the forward input it reads)."""
+    kind = device.split(":", 1)[0] if isinstance(device, str) else None
+    if kind != "cpu":
+        return 0
+    if op_name == BN_BACKWARD_OP:
+        return input_bytes
+    if op_name == CONV_BACKWARD_OP:
+        return input_bytes + max(input_bytes, grad_output_bytes) if computes_grad_input else grad_output_bytes
+    return 0
 
 
 def is_known(op_name: str) -> bool:

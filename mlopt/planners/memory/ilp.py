@@ -730,7 +730,10 @@ class _Builder:
         return B
 
     def _add_eq4_12_backward_peak(self, k: int, dh: dict[int, int], B: dict[int, _Lin]) -> None:
-        """(4.12) backward_k peak: const + |L_hat_k| + |y_k| + c_hat + |S^{k-1} u D_k^l| <= M (4.16)."""
+        """(4.12) backward_k peak: const + |L_hat_k| + |y_k| + c_hat + |S^{k-1} u D_k^l| <= M (4.16).
+
+        c_hat_k^l includes the temporaries the stage's backward kernels allocate beyond what they return
+        (build.py: batch norm's input-sized one, measured or from the catalog), as the replay counts them."""
         node = self.p.nodes[k]
         e = _Lin()
         for l, bit in dh.items():

@@ -24,18 +24,37 @@ is 32 in NCCL 2.x releases up to the 2.1x series and 64 in current ones (src/inc
 default bound here. NCCL_NTHREADS is one value for the whole process: `choose_nthreads` picks the largest
 that represents every group's thread count exactly.
 
-Channels per message size reach NCCL through a tuner plugin. The CSV is the format of NCCL's example tuner
-(ext-tuner/example/plugin.c as of the v5 tuner API, NCCL 2.27-2.28 era; older examples were stubs):
-NCCL_TUNER_CONFIG_FILE (default ./nccl_tuner.conf), one config per line,
-`collective_type,min_bytes,max_bytes,algorithm,protocol,channels,nNodes,nRanks[,numPipeOps[,regBuff]]`;
-lines starting with '#' and empty lines are skipped; fields are split on ',' by strtok (so an empty field
-vanishes and shifts the rest), trimmed of spaces and tabs; 8 to 10 fields; byte bounds are inclusive; -1 in
-channels/nNodes/nRanks/numPipeOps/regBuff means "NCCL's default"/"any"; the first matching line wins; lines
-are read with fgets into 256 bytes, so longer lines are split. The plugin maps unknown names silently to
-allreduce/ring/simple; `parse_nccl_tuner_csv` rejects them instead. Caveat of that example plugin: it sets
-the channel count to 1 before looking for a match, so a collective no line matches runs on one channel; the
-rows below therefore cover every all-reduce size, and `fallback_channels` adds catch-all lines for the other
-collectives.
+Channels per message size reach NCCL through a tuner plugin: NCCL's example tuner (plugins/tuner/example/plugin.c,
+formerly ext-tuner/example/plugin.c; tuner API v5, NCCL 2.27-2.29), built as libnccl-tuner-example.so and
+loaded with NCCL_TUNER_PLUGIN. Its rules, which `parse_nccl_tuner_csv`/`match_config` follow and
+tests/data/nccl_tuner/driver.c re-implements in C:
+- the file is NCCL_TUNER_CONFIG_FILE, else ./nccl_tuner.conf, opened with fopen (a relative path is relative
+  to the job's working directory; a missing file is not an error: nothing is tuned);
+- lines are read with fgets into 256 bytes (longer lines are split); a line whose first character is '#' or
+  '\n' is skipped; fields are split on ',' by strtok (an empty field vanishes and shifts the rest), trimmed
+  of spaces and tabs, at most 10 read; 8 to 10 fields make a config, fewer drop the line silently:
+  `collective_type,min_bytes,max_bytes,algorithm,protocol,channels,nNodes,nRanks[,numPipeOps[,regBuff]]`;
+  bytes by strtoull, the rest by atoi; unknown names read silently as allreduce/ring/simple;
+- the plugin is initialised once per communicator with its nRanks and nNodes; a call (collective, nBytes,
+  numPipeOps, regBuff) takes the first line, in file order, whose collective equals, min <= nBytes <= max
+  (inclusive), and whose nNodes, nRanks, numPipeOps and regBuff equal the call's or are -1; a line whose
+  algorithm/protocol NCCL marks as unavailable for the call is passed over (ring/simple, which mlopt
+  writes, is available to every collective);
+- the channel count starts at 1: a call no line matches runs on ONE channel, and so does a matching line
+  with channels -1 (the plugin's "keep the default" keeps its own 1, not NCCL's); nBytes is NCCL's larger
+  of send and receive bytes (an all-gather's output, a reduce-scatter's input);
+- NCCL uses the tuner's count as the collective's channel bound, which cannot exceed the communicator's
+  channels; those come from NCCL's topology search, at least NCCL_MIN_NCHANNELS (default 1).
+`parse_nccl_tuner_csv` rejects what the plugin would misread (unknown names, empty fields, more than 10 or
+fewer than 8 fields, non-integers) instead of guessing.
+
+So mlopt writes, per communicator the job will use (`job_communicators`: nNodes = nodes and nRanks =
+nodes x GPUs per node, or -1/-1 when the GPUs per node are not known: the plan then holds for any
+communicator), a line per fusion-group size for every collective NCCL tunes (DDP broadcasts its states
+and all-reduces its buckets; other wrappers all-gather, reduce-scatter or reduce), and the environment
+sets NCCL_MIN_NCHANNELS to the most planned channels when that is more than NCCL's minimum of 1. The env
+recorded in a plan names the CSV relative to the plan file, so committed plans do not depend on the
+machine; `job_env` makes it absolute when a job loads the plan.
 
 Size ranges: NCCL gives the tuner only the collective, the byte count, numPipeOps and regBuff, so a line can
 only select by size. Distinct group sizes are sorted and the size axis is split at geometric midpoints
@@ -49,6 +68,8 @@ them (communication is never slower than planned; compute is slowed a little mor
 from __future__ import annotations
 
 import math
+import os
+from pathlib import Path
 from typing import Any, Iterable, Mapping, NamedTuple, Sequence
 
 from mlopt.errors import InputError
@@ -155,41 +176,78 @@ def channel_conflicts(groups_bytes: Sequence[int], channels: Sequence[int]) -> d
     return {g: sorted(cs) for g, cs in sorted(seen.items()) if len(cs) > 1}
 
 
+ANY_COMMUNICATOR = (-1, -1)  # (nNodes, nRanks) of a line that holds for every communicator
+
+
+def job_communicators(nodes: int | None, gpus_per_node: int | None) -> list[tuple[int, int]]:
+    """(nNodes, nRanks) the tuner lines name: [(nodes, nodes x GPUs per node)] when both are known, else
+    [(-1, -1)] (any communicator: the plan then holds for whatever communicator the job makes)."""
+    if nodes is None or gpus_per_node is None:
+        return [ANY_COMMUNICATOR]
+    for name, value in (("nodes", nodes), ("gpus_per_node", gpus_per_node)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an integer >= 1, found {value!r}")
+    return [(nodes, nodes * gpus_per_node)]
+
+
+def _check_communicators(communicators: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    out = []
+    for n_nodes, n_ranks in communicators:
+        for name, value in (("nNodes", n_nodes), ("nRanks", n_ranks)):
+            if isinstance(value, bool) or not isinstance(value, int) or (value != -1 and value < 1):
+                raise ValueError(f"{name} must be >= 1 or -1, found {value!r}")
+        if n_nodes != -1 and n_ranks != -1 and n_ranks < n_nodes:
+            raise ValueError(f"a communicator of {n_ranks} ranks cannot span {n_nodes} nodes")
+        out.append((n_nodes, n_ranks))
+    if not out:
+        raise ValueError("no communicators")
+    return out
+
+
+def size_ranges(distinct_sizes: Sequence[int], match: str) -> list[tuple[int, int]]:
+    """Inclusive [lo, hi] per sorted distinct size (module docstring): exact, or split at geometric midpoints."""
+    if match not in ("nearest", "exact"):
+        raise ValueError(f"match must be 'nearest' or 'exact', found {match!r}")
+    if match == "exact":
+        return [(size, size) for size in distinct_sizes]
+    last = len(distinct_sizes) - 1
+    return [(0 if i == 0 else math.isqrt(distinct_sizes[i - 1] * size) + 1,
+             SIZE_MAX if i == last else math.isqrt(size * distinct_sizes[i + 1]))
+            for i, size in enumerate(distinct_sizes)]
+
+
 def tuner_rows(
     groups_bytes: Sequence[int],
     channels: Sequence[int],
     *,
-    collective: str = "allreduce",
+    collectives: Sequence[str] = COLLECTIVES,
+    communicators: Sequence[tuple[int, int]] = (ANY_COMMUNICATOR,),
     algorithm: str = "ring",
     protocol: str = "simple",
-    n_nodes: int = -1,
-    n_ranks: int = -1,
     match: str = "nearest",
     fallback_channels: int | None = None,
 ) -> list[TunerRow]:
-    """One line per distinct group size, in increasing size (ranges described in the module docstring), then,
-    with fallback_channels, a catch-all line per other collective."""
+    """Per communicator (nNodes, nRanks), per collective, one line per distinct group size in increasing size
+    (ranges in the module docstring); with fallback_channels, then a catch-all line per collective not in
+    `collectives`. Lines of different communicators or collectives never compete for a call."""
     sizes = _check_groups(groups_bytes)
     if len(channels) != len(sizes):
         raise ValueError(f"{len(sizes)} groups but {len(channels)} channel counts")
-    if match not in ("nearest", "exact"):
-        raise ValueError(f"match must be 'nearest' or 'exact', found {match!r}")
+    if not collectives or len(set(collectives)) != len(collectives):
+        raise ValueError(f"collectives must be distinct and not empty, found {collectives!r}")
     best: dict[int, int] = {}
     for g, c in zip(sizes, channels):
         best[g] = max(best.get(g, c), int(c))
     distinct = sorted(best)
+    ranges = size_ranges(distinct, match)
     rows = []
-    for i, size in enumerate(distinct):
-        if match == "exact":
-            lo, hi = size, size
-        else:
-            lo = 0 if i == 0 else math.isqrt(distinct[i - 1] * size) + 1
-            hi = SIZE_MAX if i == len(distinct) - 1 else math.isqrt(size * distinct[i + 1])
-        rows.append(TunerRow(collective, lo, hi, algorithm, protocol, best[size], n_nodes, n_ranks))
-    if fallback_channels is not None:
-        for other in COLLECTIVES:
-            if other != collective:
-                rows.append(TunerRow(other, 0, SIZE_MAX, "ring", "simple", fallback_channels, n_nodes, n_ranks))
+    for n_nodes, n_ranks in _check_communicators(communicators):
+        for collective in collectives:
+            rows += [TunerRow(collective, lo, hi, algorithm, protocol, best[size], n_nodes, n_ranks)
+                     for size, (lo, hi) in zip(distinct, ranges)]
+        if fallback_channels is not None:
+            rows += [TunerRow(other, 0, SIZE_MAX, "ring", "simple", fallback_channels, n_nodes, n_ranks)
+                     for other in COLLECTIVES if other not in collectives]
     for row in rows:
         _check_row(row)
     return rows
@@ -223,10 +281,11 @@ def _check_row(row: Sequence[Any]) -> TunerRow:
 
 
 CSV_HEADER = (
-    "# NCCL tuner config (NCCL_TUNER_CONFIG_FILE) for NCCL's example tuner plugin (ext-tuner/example)\n"
-    "# written by mlopt: communication thread plan (LIBRA), one line per fusion-group size\n"
+    "# NCCL tuner config (NCCL_TUNER_CONFIG_FILE, an absolute path) for NCCL's example tuner plugin\n"
+    "# (NVIDIA/nccl plugins/tuner/example, loaded with NCCL_TUNER_PLUGIN=/path/libnccl-tuner-example.so)\n"
+    "# written by mlopt: communication thread plan (LIBRA), one line per fusion-group size and collective\n"
     "# format: collective_type,min_bytes,max_bytes,algorithm,protocol,channels,nNodes,nRanks\n"
-    "# bytes inclusive; -1 = any (nNodes, nRanks) or NCCL's default (channels); first matching line wins\n"
+    "# bytes inclusive; -1 nNodes/nRanks = any; first matching line wins; unmatched calls get 1 channel\n"
 )
 
 
@@ -262,19 +321,20 @@ def _name_field(token: str, source: str, where: str, choices: Sequence[str]) -> 
 
 
 def parse_nccl_tuner_csv(text: str, source: str = "<nccl tuner config>") -> list[dict[str, Any]]:
-    """Config lines as the example plugin reads them, strictly: a line is skipped when it is empty or its first
-    character is '#'; the rest must have 8, 9 or 10 comma-separated fields (spaces/tabs around a field trimmed,
-    no empty fields, which strtok would silently drop), known names, decimal integers, min <= max, and fit the
-    plugin's 256-byte line buffer. InputError(source, "line N", ...) otherwise. Missing optional fields read
-    as -1 (any), as in the plugin."""
+    """Config lines as the example plugin reads them (module docstring), strictly: a line is skipped when it is
+    empty or its first character is '#'; the rest must have 8, 9 or 10 comma-separated fields (spaces/tabs
+    around a field trimmed, no empty fields, which strtok would silently drop), known names, decimal integers,
+    min <= max, and fit the plugin's 256-byte line buffer. InputError(source, "line N", ...) for every line
+    the plugin would drop or read differently from what it says (tests/data/nccl_tuner/corpus.json lists
+    cases, checked against the C driver). Missing optional fields read as -1 (any), as in the plugin."""
     configs = []
     for number, raw in enumerate(text.split("\n"), start=1):
         line = raw[:-1] if raw.endswith("\r") else raw
         if line == "" or line.startswith("#"):
             continue
         where = f"line {number}"
-        if len(line) + 2 > MAX_LINE_LENGTH:
-            raise InputError(source, where, f"longer than the plugin's {MAX_LINE_LENGTH - 2}-character limit")
+        if len(raw) > MAX_LINE_LENGTH - 1:  # fgets keeps 255 characters ('\r' included); the rest is a new line
+            raise InputError(source, where, f"longer than the plugin's {MAX_LINE_LENGTH - 1}-character limit")
         tokens = [t.strip(" \t") for t in line.split(",")]
         if any(t == "" for t in tokens):
             raise InputError(source, where, "empty field (the plugin's strtok would shift the fields after it)")
@@ -312,14 +372,41 @@ def match_config(configs: Sequence[Mapping[str, Any]], collective: str, nbytes: 
     return None
 
 
+PLUGIN_DEFAULT_CHANNELS = 1  # what the example plugin answers when no line matches or the line says -1
+
+
+def selected_channels(configs: Sequence[Mapping[str, Any]], collective: str, nbytes: int, n_nodes: int,
+                      n_ranks: int, num_pipe_ops: int = 1, reg_buff: int = 0) -> int:
+    """The channel count the example plugin hands NCCL for a call (before NCCL bounds it by the
+    communicator's channels): the first matching line's, or 1 when none matches or it says -1."""
+    config = match_config(configs, collective, nbytes, n_nodes, n_ranks, num_pipe_ops, reg_buff)
+    if config is None or config["channels"] == -1:
+        return PLUGIN_DEFAULT_CHANNELS
+    return int(config["channels"])
+
+
 # --- environment -------------------------------------------------------------------------------------------
+
+NCCL_DEFAULT_MIN_CHANNELS = 1  # NCCL_MIN_NCHANNELS when unset: the least a communicator may end up with
+
+
+def min_nchannels(channels: Sequence[int]) -> int | None:
+    """NCCL_MIN_NCHANNELS for planned channel counts: the largest, when it is more than NCCL's default minimum
+    (NCCL bounds a collective's channels by the communicator's, which the topology search may leave lower)."""
+    most = max((int(c) for c in channels), default=NCCL_DEFAULT_MIN_CHANNELS)
+    return most if most > NCCL_DEFAULT_MIN_CHANNELS else None
 
 
 def nccl_env(nthreads_per_channel: int = DEFAULT_NCCL_NTHREADS, tuner_config_file: str | None = None,
-             tuner_plugin: str | None = None) -> dict[str, str]:
-    """Environment for the training job: NCCL_NTHREADS, and where given NCCL_TUNER_CONFIG_FILE and
-    NCCL_TUNER_PLUGIN (the example plugin's library, e.g. /path/libnccl-tuner-example.so)."""
+             tuner_plugin: str | None = None, min_channels: int | None = None) -> dict[str, str]:
+    """Environment for the training job: NCCL_NTHREADS, and where given NCCL_MIN_NCHANNELS,
+    NCCL_TUNER_CONFIG_FILE and NCCL_TUNER_PLUGIN (the example plugin's library, e.g.
+    /path/libnccl-tuner-example.so)."""
     env = {"NCCL_NTHREADS": str(_check_nthreads(nthreads_per_channel))}
+    if min_channels is not None:
+        if isinstance(min_channels, bool) or not isinstance(min_channels, int) or min_channels < 1:
+            raise ValueError(f"NCCL_MIN_NCHANNELS must be an integer >= 1, found {min_channels!r}")
+        env["NCCL_MIN_NCHANNELS"] = str(min_channels)
     if tuner_config_file is not None:
         env["NCCL_TUNER_CONFIG_FILE"] = str(tuner_config_file)
     if tuner_plugin is not None:
@@ -327,18 +414,39 @@ def nccl_env(nthreads_per_channel: int = DEFAULT_NCCL_NTHREADS, tuner_config_fil
     return env
 
 
+PATH_VARIABLES = ("NCCL_TUNER_CONFIG_FILE", "NCCL_TUNER_PLUGIN")  # files NCCL opens from the job's cwd
+
+
+def job_env(plan: Mapping[str, Any], plan_path: str | os.PathLike,
+            tuner_plugin: str | os.PathLike | None = None) -> dict[str, str]:
+    """The environment a job sets before creating its NCCL communicators, from a thread plan (its JSON dict)
+    loaded from `plan_path`: the plan's env with relative file paths resolved against the plan file's folder
+    (the plan records them relative so that it does not depend on the machine; NCCL would resolve them
+    against the job's working directory and silently load nothing), plus NCCL_TUNER_PLUGIN when given
+    (made absolute against the caller's working directory, like any command-line path)."""
+    env = dict(plan["payload"]["artifacts"]["env"])
+    folder = Path(plan_path).resolve().parent
+    for name in PATH_VARIABLES:
+        if name in env and not Path(env[name]).is_absolute():
+            env[name] = str(folder / env[name])
+    if tuner_plugin is not None:
+        env["NCCL_TUNER_PLUGIN"] = str(Path(tuner_plugin).resolve())
+    return env
+
+
 def thread_plan_artifacts(groups_bytes: Sequence[int], threads: Sequence[int], *,
                           nthreads_per_channel: int | None = None, max_channels: int = MAX_CHANNELS,
                           tuner_config_file: str = "nccl_tuner.conf", match: str = "nearest",
-                          n_nodes: int = -1, n_ranks: int = -1) -> dict[str, Any]:
+                          communicators: Sequence[tuple[int, int]] = (ANY_COMMUNICATOR,)) -> dict[str, Any]:
     """Everything at once for groups in backward order with their thread counts: bucket caps, channels per
-    group, NCCL_NTHREADS (chosen when not given), the tuner CSV text, the environment, and size conflicts."""
+    group, NCCL_NTHREADS (chosen when not given), the tuner CSV text (every collective, per communicator),
+    the environment (NCCL_MIN_NCHANNELS where needed), and size conflicts."""
     sizes = _check_groups(groups_bytes)
     if len(threads) != len(sizes):
         raise ValueError(f"{len(sizes)} groups but {len(threads)} thread counts")
     n = choose_nthreads(threads, max_channels) if nthreads_per_channel is None else nthreads_per_channel
     channels = [threads_to_channels(t, n, max_channels) for t in threads]
-    rows = tuner_rows(sizes, channels, match=match, n_nodes=n_nodes, n_ranks=n_ranks)
+    rows = tuner_rows(sizes, channels, match=match, communicators=communicators)
     return {
         "bucket_cap_mb_list": ddp_bucket_cap_mb_list(sizes),
         "bucket_bytes_list": ddp_bucket_bytes_list(sizes),
@@ -346,6 +454,6 @@ def thread_plan_artifacts(groups_bytes: Sequence[int], threads: Sequence[int], *
         "threads_effective": [c * n for c in channels],
         "nccl_nthreads": n,
         "nccl_tuner_csv": nccl_tuner_csv(rows),
-        "env": nccl_env(n, tuner_config_file),
+        "env": nccl_env(n, tuner_config_file, min_channels=min_nchannels(channels)),
         "channel_conflicts": {str(k): v for k, v in channel_conflicts(sizes, channels).items()},
     }

@@ -37,15 +37,20 @@ def tuner_file_for(plan_path: str | Path) -> Path:
 
 
 def plan_to_files(trace: ModelTrace, source: str, options: ThreadsOptions, planner_options: PlannerOptions,
-                  output: str | Path, inputs: dict[str, Any], contention_path: str | None = None):
-    """Plan and write the plan and its tuner CSV (both or neither); returns the Plan."""
+                  output: str | Path, inputs: dict[str, Any], contention_path: str | None = None,
+                  communicators: list[tuple[int, int]] | None = None):
+    """Plan and write the plan and its tuner CSV (both or neither); returns the Plan. The plan's env names the
+    CSV by its file name, relative to the plan (committed plans stay machine-independent; a job makes it
+    absolute with artifacts.job_env). `communicators`: the tuner lines' (nNodes, nRanks), default from the
+    options."""
     params, contention = contention_from(contention_path)
     try:
         problem = make_problem(layers_from_trace(trace, source), options, params)
     except ValueError as exc:
         raise InputError(contention_path or source, "threads", str(exc)) from None
     csv_path = tuner_file_for(output)
-    plan, csv = plan_threads(problem, options, planner_options, inputs, contention, csv_path.name)
+    plan, csv = plan_threads(problem, options, planner_options, inputs, contention, csv_path.name,
+                              communicators)
     # both files or neither: a tuner CSV without its plan (or the reverse) would be applied half
     write_files({output: canonical_json(plan.to_dict(planner_options.record_wall_time)), csv_path: csv})
     return plan
@@ -62,9 +67,18 @@ def why_not(trace: ModelTrace, topology: Topology | None) -> str | None:
     return None
 
 
+def communicators_of(trace: ModelTrace, topology: Topology | None) -> list[tuple[int, int]]:
+    """The data-parallel communicator (nNodes, nRanks) of `mlopt plan --model`: the topology's nodes and ranks,
+    else the trace's world size on an unknown number of nodes (-1)."""
+    if topology is not None:
+        return [(topology.num_nodes, topology.num_ranks)]
+    return [(-1, trace.world_size)]
+
+
 def run(trace: ModelTrace, topology: Topology | None, options: PlannerOptions, out_dir: Path,
         inputs: dict[str, Any]) -> list[WrittenPlan]:
+    # LIBRA's N is the all-reduce's workers: here every rank (the registry has always planned so)
     nodes = topology.num_ranks if topology is not None else trace.world_size
     plan = plan_to_files(trace, inputs.get("model") or "trace", ThreadsOptions(nodes=nodes), options,
-                         out_dir / PLAN_FILE, inputs)
+                         out_dir / PLAN_FILE, inputs, communicators=communicators_of(trace, topology))
     return [WrittenPlan(PLAN_FILE, plan)]

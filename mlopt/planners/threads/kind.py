@@ -50,6 +50,9 @@ COMMAND_OPTIONS = (
                   choices=("ring", "tree", "halving_doubling"), show_default=True),
     CommandOption("default-threads", "int", "Threads of the baselines that do not choose them (NCCL_NTHREADS).",
                   default=512, min=1, show_default=True),
+    CommandOption("gpus-per-node", "int", "Ranks (GPUs) on each node: the NCCL tuner lines then name the "
+                                          "communicator of nodes x this ranks (default: lines for any "
+                                          "communicator). Not part of the cost model.", min=1),
 )
 
 
@@ -71,7 +74,8 @@ def prepare_plan(args: dict[str, Any]) -> PlanRequest:
     read when planning."""
     model_path, contention_path = args["model"], args["contention"]
     options = ThreadsOptions(args["nodes"], args["algorithm"], thread_set_of(args["threads"]), args["max-groups"],
-                             args["chunks"], args["alpha-us"], args["allreduce"], args["default-threads"])
+                             args["chunks"], args["alpha-us"], args["allreduce"], args["default-threads"],
+                             args["gpus-per-node"])
     planner_options = planner_options_from_args(args)
     inputs = {"model": model_path, "contention": contention_path}
 

@@ -41,6 +41,9 @@ class ThreadsOptions:
     alpha_us: float = 5.0  # --alpha-us: per-step latency of the all-reduce (ring: a = 2(N-1) alpha)
     allreduce: str = "ring"  # --allreduce: ring | tree | halving_doubling (cost model of eq. 3-4)
     default_threads: int = 512  # --default-threads: threads of the baselines that do not choose (NCCL_NTHREADS)
+    # --gpus-per-node: ranks on each of the N nodes; only the NCCL tuner lines use it (nNodes = N, nRanks =
+    # N x this); unset, the lines hold for any communicator. The cost model keeps N workers (the paper's nodes).
+    gpus_per_node: int | None = None
 
 
 def contention_params(parameters: Mapping[str, float]) -> ContentionParams:
@@ -91,16 +94,21 @@ def compare_baselines(problem: ThreadsProblem, options: ThreadsOptions) -> dict[
 
 
 def plan_threads(problem: ThreadsProblem, options: ThreadsOptions, planner_options: PlannerOptions,
-                 inputs: dict[str, Any], contention: dict[str, Any], tuner_file: str) -> tuple[Plan, str]:
+                 inputs: dict[str, Any], contention: dict[str, Any], tuner_file: str,
+                 communicators: Sequence[tuple[int, int]] | None = None) -> tuple[Plan, str]:
     """(the thread plan of `options.algorithm`, its NCCL tuner CSV text); `contention` says where the model's
-    parameters came from; `tuner_file` is the CSV's file name the plan refers to."""
+    parameters came from; `tuner_file` is the CSV's path relative to the plan file (the job resolves it:
+    artifacts.job_env); `communicators` are the (nNodes, nRanks) the tuner lines name (default: from
+    options.nodes and options.gpus_per_node, artifacts.job_communicators)."""
+    if communicators is None:
+        communicators = artifacts.job_communicators(options.nodes, options.gpus_per_node)
     started = time.perf_counter()
     groups, factor = groups_for(problem, options, options.algorithm)
     evaluation = evaluate(problem, groups)
     sizes = [sum(l.grad_bytes for l in problem.layers[g.first:g.last + 1]) for g in groups]
     communicating = [(s, g.threads) for s, g in zip(sizes, groups) if s > 0]
     made = artifacts.thread_plan_artifacts([s for s, _ in communicating], [t for _, t in communicating],
-                                           tuner_config_file=tuner_file, n_nodes=-1, n_ranks=options.nodes)
+                                           tuner_config_file=tuner_file, communicators=communicators)
     channel_of = iter(made["channels"])
     channels = [next(channel_of) if s > 0 else 0 for s in sizes]
     violations = list(assumption_violations(problem))
@@ -117,6 +125,7 @@ def plan_threads(problem: ThreadsProblem, options: ThreadsOptions, planner_optio
         "artifacts": {"ddp_bucket_cap_mb_list": made["bucket_cap_mb_list"],
                       "ddp_bucket_bytes_list": made["bucket_bytes_list"],
                       "nccl_nthreads": made["nccl_nthreads"], "env": made["env"], "nccl_tuner_config": tuner_file,
+                      "nccl_communicators": [{"nNodes": n, "nRanks": r} for n, r in communicators],
                       "channel_conflicts": made["channel_conflicts"]},
     }
     wall = time.perf_counter() - started

@@ -1,4 +1,5 @@
-"""PyTorch Execution Trace + Kineto importer: real torch 2.15 traces (shared/reference) and a hand-made GPU one."""
+"""PyTorch Execution Trace + Kineto importer: real torch 2.15 traces (shared/reference), torch 2.13 DDP recordings
+made with a profiler schedule (tests/data/pytorch-trace), and hand-made GPU and nested-backward ones."""
 
 from __future__ import annotations
 
@@ -12,9 +13,11 @@ import pytest
 
 from mlopt.errors import InputError
 from mlopt.formats.importers.kineto import read_kineto, read_kineto_durations
-from mlopt.formats.importers.pytorch_et import import_pytorch_et
+from mlopt.formats.importers.pytorch_et import PG_INIT, import_pytorch_et
+from mlopt.formats.importers.pytorch_et import PROCESS_NODE as PROCESS
+from mlopt.formats.importers.pytorch_et import THREAD_NODE as THREAD
 from mlopt.formats.io import sha256_file
-from mlopt.formats.trace import ModelTrace
+from mlopt.formats.trace import ModelTrace, load_trace, save_trace
 
 TRACES = Path(__file__).resolve().parents[3].parent / "shared" / "reference" / "pytorch-trace"
 DATA = Path(__file__).resolve().parents[2] / "data" / "pytorch-trace"
@@ -470,3 +473,193 @@ def _prod(shape) -> int:
     for d in shape:
         out *= d
     return out
+
+
+# --------------------------------------------------------------------------------------------------------
+# Recordings made here (tests/data/pytorch-trace/record.py, torch 2.13, CPU): 2-rank gloo DDP, one step
+# recorded with torch.profiler.schedule(wait=1, warmup=1, active=1). The buckets exist before the recorded
+# step, and the gloo markers, later evaluate_functions and DDP's finalize nest inside whatever record the
+# asynchronous allreduce left open.
+
+RECORDED = ("mlp", "cnn")
+BUCKET_FILL = "autograd::engine::evaluate_function: torch::autograd::AccumulateGrad"
+COPY_BUCKET = "torch.distributed.ddp.reducer::copy_bucket_to_grad"
+
+
+def recorded_job(model: str) -> dict:
+    return json.loads((DATA / f"ddp_gloo_{model}.job.json").read_text())
+
+
+@pytest.fixture(scope="module", params=RECORDED)
+def recorded(request):
+    model = request.param
+    ranks = [
+        import_pytorch_et(DATA / f"ddp_gloo_{model}.{r}.et.json.gz", DATA / f"ddp_gloo_{model}.{r}.kineto.json.gz")
+        for r in (0, 1)
+    ]
+    return model, ranks
+
+
+def test_recorded_fixtures_are_small():
+    for model in RECORDED:
+        for path in DATA.glob(f"ddp_gloo_{model}.*.json.gz"):
+            assert path.stat().st_size < 300_000, path
+
+
+def test_recorded_step_imports_and_is_valid(recorded, tmp_path):
+    model, ranks = recorded
+    for rank, trace in enumerate(ranks):
+        assert (trace.rank, trace.world_size) == (rank, 2)
+        assert trace.source["step_scope"] == "ProfilerStep#2"  # the schedule's one active step
+        assert [(g.name, g.ranks) for g in trace.process_groups] == [("0", (0, 1))]
+        assert all(op.compute_us is not None for op in trace.ops)
+        roles = Counter(op.role for op in trace.ops)
+        assert roles["forward"] and roles["backward"] and roles["optimizer"]
+        path = tmp_path / f"{model}.{rank}.json"
+        save_trace(trace, path)
+        again = load_trace(path)  # validates again (the file rounds compute times)
+        assert [(op.id, op.role, op.inputs, op.outputs, op.comm) for op in again.ops] == [
+            (op.id, op.role, op.inputs, op.outputs, op.comm) for op in trace.ops
+        ]
+
+
+def test_recorded_allreduces_are_what_ddp_issued(recorded):
+    model, ranks = recorded
+    job = recorded_job(model)
+    assert len(job["allreduce_bytes"]) >= 2  # several buckets: later ones launch from nested records
+    assert sum(job["allreduce_bytes"]) == job["total_parameter_size_bytes"]
+    for trace in ranks:
+        comms = [op.comm for op in trace.ops_by_role("comm")]
+        # the constructor's broadcast ran before the profiler started: only the step's allreduces
+        assert not job["initial_broadcast_recorded"]
+        assert [(c.collective, c.bytes, c.group) for c in comms] == [
+            ("allreduce", b, "0") for b in job["allreduce_bytes"]
+        ]
+    rank0, rank1 = ranks
+    assert [op.comm for op in rank0.ops_by_role("comm")] == [op.comm for op in rank1.ops_by_role("comm")]
+    assert [(op.role, op.name) for op in rank0.ops] == [(op.role, op.name) for op in rank1.ops]
+
+
+def test_recorded_allreduces_follow_backward(recorded):
+    _, ranks = recorded
+    for trace in ranks:
+        tensors = trace.tensor_map()
+        writers = writers_of(trace)
+        allreduces = [i for i, op in enumerate(trace.ops) if op.role == "comm"]
+        previous_fill = -1
+        for i in allreduces:
+            (bucket,) = trace.ops[i].inputs
+            assert trace.ops[i].outputs == (bucket,) and tensors[bucket].kind == "gradient"
+            fills = [w for w in writers[bucket] if w != i]
+            # the AccumulateGrad hooks fill the bucket, all before its allreduce and after the previous one's
+            assert fills and {trace.ops[w].name for w in fills} == {BUCKET_FILL}
+            assert previous_fill < min(fills) and max(fills) < i
+            previous_fill = max(fills)
+            readers = [j for j, op in enumerate(trace.ops) if bucket in op.inputs and j != i]
+            assert {trace.ops[j].name for j in readers if j > i} <= {COPY_BUCKET, "aten::as_strided"}
+            assert any(trace.ops[j].name == COPY_BUCKET for j in readers)
+            assert all(j > i for j in readers if trace.ops[j].name == COPY_BUCKET)
+        # DDP's finalize is separate backward ops (not swallowed by the last allreduce or evaluate_function),
+        # one per parameter, each before the SGD update of its parameter
+        copies = [op for op in trace.ops if op.name == COPY_BUCKET]
+        updates = [op for op in trace.ops_by_role("optimizer") if op.name == "aten::add_"]
+        assert {op.role for op in copies} == {"backward"} and len(copies) == len(updates) > 0
+        evaluate = [op for op in trace.ops if op.name.startswith("autograd::engine::evaluate_function:")]
+        assert all(op.role == "backward" for op in evaluate)
+        assert all(op.forward_op is not None for op in evaluate if "AccumulateGrad" not in op.name)
+
+
+# --------------------------------------------------------------------------------------------------------
+# Hand-made minimal nested case: the second AccumulateGrad (and its allreduce) inside the first, DDP's
+# finalize inside the second allreduce after its gloo marker, buckets older than the step
+
+
+def _tensor(tid: int, sid: int, numel: int) -> tuple[list, str]:
+    return [tid, sid, 0, numel, 4, "cpu"], "Tensor(float)"
+
+
+def _node(nid: int, name: str, parent: int, inputs=(), outputs=(), schema="", scope=0, seq=-1) -> dict:
+    def section(values):
+        return {"values": [v for v, _ in values], "types": [t for _, t in values], "shapes": [[] for _ in values]}
+
+    attrs = {"rf_id": nid, "seq_id": seq, "scope": scope, "tid": 1, "op_schema": schema}
+    return {
+        "id": nid, "name": name, "ctrl_deps": parent, "inputs": section(inputs), "outputs": section(outputs),
+        "attrs": [{"name": k, "type": "", "value": v} for k, v in attrs.items()],
+    }
+
+
+def nested_ddp_et() -> dict:
+    x, w, b, y, z = _tensor(10, 10, 8), _tensor(11, 11, 8), _tensor(13, 13, 2), _tensor(12, 12, 2), _tensor(14, 14, 2)
+    grad_w, grad_b, scale = _tensor(20, 20, 8), _tensor(24, 24, 2), _tensor(21, 21, 1)
+    bucket1, bucket2 = _tensor(23, 30, 8), _tensor(26, 31, 2)  # storages 30, 31: allocated in an earlier step
+    view1, view2 = _tensor(22, 30, 8), _tensor(25, 31, 2)
+    w_grad, b_grad = _tensor(28, 28, 8), _tensor(29, 29, 2)  # the parameters' .grad
+
+    def as_list(t):
+        return [t[0]], f"GenericList[{t[1]}]"
+
+    mul_out = "aten::mul.out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)"
+    copy_ = "aten::copy_(Tensor(a!) self, Tensor src, bool non_blocking=False) -> Tensor(a!)"
+    add_ = "aten::add_.Tensor(Tensor(a!) self, Tensor other, *, Scalar alpha=1) -> Tensor(a!)"
+    add = "aten::add.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor"
+    nodes = [
+        _node(1, PROCESS, 1, scope=7), _node(2, THREAD, 1, scope=7), _node(3, "ProfilerStep#2", 2, scope=7),
+        _node(4, "aten::mm", 3, [x, w], [y], "aten::mm(Tensor self, Tensor mat2) -> Tensor", seq=1),
+        _node(5, "aten::add", 3, [y, b], [z], add, seq=2),
+        _node(6, "autograd::engine::evaluate_function: AddBackward0", 3),
+        _node(7, "AddBackward0", 6, [z], [grad_b], scope=1, seq=2),
+        _node(8, "autograd::engine::evaluate_function: MmBackward0", 3),
+        _node(9, "MmBackward0", 8, [grad_b, x], [grad_w], scope=1, seq=1),
+        _node(15, BUCKET_FILL, 3),
+        _node(16, "torch::autograd::AccumulateGrad", 15, [grad_w], scope=1),
+        _node(17, "aten::mul", 15, [grad_w, scale, view1], [view1], mul_out),
+        _node(18, "c10d::allreduce_", 15, [as_list(bucket1)], [as_list(bucket1)]),
+        _node(19, "gloo:all_reduce", 18, [bucket1], scope=7),
+        _node(20, BUCKET_FILL, 15),  # started after the launch: only looks nested
+        _node(21, "torch::autograd::AccumulateGrad", 20, [grad_b], scope=1),
+        _node(22, "aten::mul", 20, [grad_b, scale, view2], [view2], mul_out),
+        _node(23, "c10d::allreduce_", 20, [as_list(bucket2)], [as_list(bucket2)]),
+        _node(24, "gloo:all_reduce", 23, [bucket2], scope=7),
+        _node(25, COPY_BUCKET, 23, [w_grad, view1]),  # DDP's finalize, after the marker: only looks nested
+        _node(26, "aten::copy_", 25, [w_grad, view1], [w_grad], copy_),
+        _node(27, COPY_BUCKET, 3, [b_grad, view2]),
+        _node(28, "aten::copy_", 27, [b_grad, view2], [b_grad], copy_),
+        _node(29, "Optimizer.step#SGD.step", 3, scope=7),
+        _node(30, "aten::add_", 29, [w, w_grad], [w], add_),
+        _node(31, "aten::add_", 29, [b, b_grad], [b], add_),
+    ]
+    pg = '[{"pg_name": "0", "pg_desc": "default_pg", "ranks": [], "group_size": 2, "group_count": 1}]'
+    nodes.append(_node(32, PG_INIT, 2, [(pg, "String")], scope=7))
+    return {"schema": "1.1.1-chakra.0.0.4", "nodes": nodes}
+
+
+# the order the observer writes nodes in: when each op ended (the gloo markers when the worker finished)
+END_ORDER = [4, 5, 7, 6, 9, 8, 16, 17, 18, 15, 21, 22, 23, 20, 26, 25, 19, 24, 28, 27, 30, 31, 29, 3, 32, 2, 1]
+
+
+@pytest.mark.parametrize("order", ["start", "end"])
+def test_nested_evaluate_function_with_preexisting_buckets(tmp_path, order):
+    # before the fix: "cyclic trace: ops 15 -> 18 -> 15" (the first AccumulateGrad's mul(out=bucket view)
+    # read the bucket that the allreduce after it writes), and the finalize disappeared into the allreduce.
+    # In end order the nesting is rebuilt from start and end; in start order the recorded one is repaired.
+    doc = nested_ddp_et()
+    if order == "end":
+        position = {nid: k for k, nid in enumerate(END_ORDER)}
+        doc["nodes"].sort(key=lambda n: position[n["id"]])
+    trace = import_pytorch_et(write_json(tmp_path / "nested.et.json", doc))
+    assert [(op.id, op.role) for op in trace.ops] == [
+        (4, "forward"), (5, "forward"), (6, "backward"), (8, "backward"), (15, "backward"), (18, "comm"),
+        (20, "backward"), (23, "comm"), (25, "backward"), (27, "backward"), (30, "optimizer"), (31, "optimizer"),
+    ]
+    ops, tensors = by_id(trace), trace.tensor_map()
+    assert [(ops[i].comm.collective, ops[i].comm.bytes) for i in (18, 23)] == [("allreduce", 32), ("allreduce", 8)]
+    bucket1, bucket2 = ops[18].inputs[0], ops[23].inputs[0]
+    assert tensors[bucket1].kind == tensors[bucket2].kind == "gradient"
+    # each bucket: filled by its AccumulateGrad (which no longer reads its stale contents), then reduced,
+    # then copied to .grad
+    assert bucket1 in ops[15].outputs and bucket1 not in ops[15].inputs
+    assert bucket2 in ops[20].outputs and bucket2 not in ops[20].inputs
+    assert bucket1 in ops[25].inputs and bucket2 in ops[27].inputs
+    assert ops[6].forward_op == 5 and ops[8].forward_op == 4
+    assert {tensors[t].kind for t in ops[30].outputs + ops[31].outputs} == {"parameter"}

@@ -386,3 +386,55 @@ def test_the_trace_device_picks_the_constants_and_measured_factors_override_them
     factors = measured.metadata["catalog_factors"]
     assert factors["relu_mask"] == {"value": 0.3, "source": "measured"}
     assert factors["relu_outofplace"] == {"value": 6.5, "source": "catalog-cpu"}
+
+
+# --------------------------------------------------------------------------------------- backward transients
+
+
+def _stage_workspace(node) -> int:
+    return node.backward[0].workspace_bytes
+
+
+def test_cpu_backward_kernels_temporaries_are_the_stages_workspace(resnet):
+    """Batch norm backward's input-sized temporary and oneDNN convolution backward's operand copies are in
+    c_hat of their stage on a CPU trace, so the replay's backward peak counts them."""
+    from mlopt.planners.memory.baselines import store_all
+    from mlopt.planners.memory.replay import replay
+
+    trace, problem = resnet
+    assert trace.source["device"] == "cpu"
+    for bn in by_name(problem, "aten::native_batch_norm"):
+        assert _stage_workspace(bn) == problem.nodes[bn.inputs[0]].out_bytes == bn.out_bytes
+        rebuilt = [b for b in bn.backward if b.name == "output-activated"]
+        assert all(b.workspace_bytes == 2 * bn.out_bytes for b in rebuilt)  # rebuilt input + the temporary
+    first, *others = by_name(problem, "aten::convolution")
+    assert _stage_workspace(first) == first.out_bytes  # no grad_input: a copy of grad_output
+    for conv in others:
+        x, dy = problem.nodes[conv.inputs[0]].out_bytes, conv.out_bytes
+        assert _stage_workspace(conv) == x + max(x, dy)
+    assert all(_stage_workspace(n) == 0 for n in problem.nodes if n.backward
+               and n.name not in ("aten::native_batch_norm", "aten::convolution"))
+    assert problem.metadata["backward_transients"]["catalog_ops"] == 10
+
+    from dataclasses import replace
+    on_cuda = build_problem(replace(trace, source={**trace.source, "device": "cuda"}))
+    assert all(_stage_workspace(n) == 0 for n in on_cuda.nodes if n.backward)  # no constants: profile it
+    assert replay(problem, store_all(problem)).peak_bytes > replay(on_cuda, store_all(on_cuda)).peak_bytes
+
+
+def test_profiled_backward_ops_keep_their_measured_workspace(resnet):
+    """Where `mlopt profile operators` measured an op, its measured workspace is the calibration."""
+    from dataclasses import replace
+
+    trace, _ = resnet
+    bn_backward = [op for op in trace.ops if op.name == "aten::native_batch_norm_backward"]
+    measured = {op.id: 123 for op in bn_backward[:2]}
+    ops = tuple(replace(op, implementations=(replace(op.implementations[0], workspace_bytes=measured[op.id]),))
+                if op.id in measured else op for op in trace.ops)
+    profiled = replace(trace, ops=ops, source={**trace.source, "operator_profile": {
+        "measurements": [{"op": "aten::native_batch_norm_backward", "op_ids": sorted(measured)}]}})
+    problem = build_problem(profiled)
+    workspaces = [_stage_workspace(n) for n in by_name(problem, "aten::native_batch_norm")]
+    assert sorted(workspaces).count(123) == 2 and len(workspaces) == 5
+    assert problem.metadata["backward_transients"]["catalog_ops"] == 8  # 3 batch norms + 5 convolutions
+    assert problem.metadata["backward_transients"]["measured_ops"] == 2

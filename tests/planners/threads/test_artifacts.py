@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import inspect
-import shutil
-import subprocess
 import textwrap
 
 import pytest
 
 from mlopt.errors import InputError
 from mlopt.planners.threads.artifacts import (
+    COLLECTIVES,
     MIB,
     SIZE_MAX,
     TunerRow,
@@ -22,7 +21,9 @@ from mlopt.planners.threads.artifacts import (
     match_config,
     nccl_env,
     nccl_tuner_csv,
+    job_communicators,
     parse_nccl_tuner_csv,
+    selected_channels,
     thread_plan_artifacts,
     threads_to_channels,
     tuner_rows,
@@ -160,11 +161,13 @@ def test_choose_nthreads_represents_every_thread_count_exactly_when_it_can():
 
 def test_nccl_env():
     assert nccl_env() == {"NCCL_NTHREADS": "512"}
-    env = nccl_env(256, "/plans/tuner.conf", "/opt/nccl/libnccl-tuner-example.so")
-    assert env == {"NCCL_NTHREADS": "256", "NCCL_TUNER_CONFIG_FILE": "/plans/tuner.conf",
+    env = nccl_env(256, "/plans/tuner.conf", "/opt/nccl/libnccl-tuner-example.so", min_channels=4)
+    assert env == {"NCCL_NTHREADS": "256", "NCCL_MIN_NCHANNELS": "4", "NCCL_TUNER_CONFIG_FILE": "/plans/tuner.conf",
                    "NCCL_TUNER_PLUGIN": "/opt/nccl/libnccl-tuner-example.so"}
     with pytest.raises(ValueError):
         nccl_env(100)
+    with pytest.raises(ValueError):
+        nccl_env(256, min_channels=0)
 
 
 # --- the tuner CSV -----------------------------------------------------------------------------------------
@@ -182,24 +185,30 @@ def test_csv_round_trip_and_every_group_gets_its_channels():
     # every non-comment line has exactly 8 fields
     data = [line for line in text.splitlines() if line and not line.startswith("#")]
     assert len(data) == len(rows) and all(len(line.split(",")) == 8 for line in data)
-    for size, ch in zip(GROUPS, channels):
-        assert match_config(configs, "allreduce", size, 8, 64)["channels"] == ch
-    # nearest: contiguous, non-overlapping ranges covering every size
-    assert configs[0]["min_bytes"] == 0 and configs[-1]["max_bytes"] == SIZE_MAX
-    for a, b in zip(configs, configs[1:]):
-        assert a["max_bytes"] + 1 == b["min_bytes"]
+    assert [c["collective"] for c in configs] == [c for c in COLLECTIVES for _ in GROUPS]
+    for collective in COLLECTIVES:
+        for size, ch in zip(GROUPS, channels):
+            assert match_config(configs, collective, size, 8, 64)["channels"] == ch
+        # nearest: contiguous, non-overlapping ranges covering every size
+        lines = [c for c in configs if c["collective"] == collective]
+        assert lines[0]["min_bytes"] == 0 and lines[-1]["max_bytes"] == SIZE_MAX
+        for a, b in zip(lines, lines[1:]):
+            assert a["max_bytes"] + 1 == b["min_bytes"]
     ordered = sorted(GROUPS)
     for small, large in zip(ordered, ordered[1:]):  # a size near a group maps to that group
         assert match_config(configs, "allreduce", small + 1, 1, 1)["channels"] == channels[GROUPS.index(small)]
         assert match_config(configs, "allreduce", large - 1, 1, 1)["channels"] == channels[GROUPS.index(large)]
-    assert match_config(configs, "allgather", GROUPS[0], 1, 1) is None
+    only_allreduce = parse_nccl_tuner_csv(nccl_tuner_csv(tuner_rows(GROUPS, channels, collectives=["allreduce"])))
+    assert match_config(only_allreduce, "allgather", GROUPS[0], 1, 1) is None
+    assert selected_channels(only_allreduce, "allgather", GROUPS[0], 1, 1) == 1  # the plugin's default
 
 
 def test_exact_ranges_same_size_groups_and_fallback_rows():
     groups = [1000, 5000, 1000, 70000]
     channels = [2, 3, 6, 1]
     assert channel_conflicts(groups, channels) == {1000: [2, 6]}
-    rows = tuner_rows(groups, channels, match="exact", n_nodes=4, n_ranks=32, fallback_channels=-1)
+    rows = tuner_rows(groups, channels, match="exact", collectives=["allreduce"], communicators=[(4, 32)],
+                      fallback_channels=-1)
     allreduce = [r for r in rows if r.collective == "allreduce"]
     assert [(r.min_bytes, r.max_bytes, r.channels) for r in allreduce] == [
         (1000, 1000, 6), (5000, 5000, 3), (70000, 70000, 1)]  # same size: the larger channel count
@@ -209,6 +218,23 @@ def test_exact_ranges_same_size_groups_and_fallback_rows():
     assert match_config(configs, "allreduce", 1001, 4, 32) is None
     assert match_config(configs, "allreduce", 1000, 2, 32) is None  # nNodes must match
     assert match_config(configs, "broadcast", 123, 4, 32)["channels"] == -1
+    assert selected_channels(configs, "broadcast", 123, 4, 32) == 1  # -1 keeps the plugin's 1, not NCCL's
+
+
+def test_lines_per_communicator_and_their_checks():
+    assert job_communicators(16, 8) == [(16, 128)]
+    assert job_communicators(16, None) == job_communicators(None, 8) == [(-1, -1)]
+    with pytest.raises(ValueError):
+        job_communicators(0, 8)
+    rows = tuner_rows([100, 1000], [2, 4], collectives=["allreduce", "broadcast"], communicators=[(1, 8), (2, 16)])
+    assert [(r.nNodes, r.nRanks, r.collective, r.channels) for r in rows] == [
+        (1, 8, "allreduce", 2), (1, 8, "allreduce", 4), (1, 8, "broadcast", 2), (1, 8, "broadcast", 4),
+        (2, 16, "allreduce", 2), (2, 16, "allreduce", 4), (2, 16, "broadcast", 2), (2, 16, "broadcast", 4)]
+    for bad in ([(4, 2)], [(0, 8)], [], [(1, 1.5)]):
+        with pytest.raises(ValueError):
+            tuner_rows([100], [1], communicators=bad)
+    with pytest.raises(ValueError):
+        tuner_rows([100], [1], collectives=["allreduce", "allreduce"])
 
 
 def test_parser_accepts_what_the_example_plugin_accepts():
@@ -268,64 +294,9 @@ def test_thread_plan_artifacts_bundle():
     assert out["nccl_nthreads"] == 128
     assert out["channels"] == [8, 2, 32, 1] and out["threads_effective"] == threads
     assert out["bucket_cap_mb_list"] == ddp_bucket_cap_mb_list(GROUPS)
-    assert out["env"] == {"NCCL_NTHREADS": "128", "NCCL_TUNER_CONFIG_FILE": "/plans/tuner.conf"}
+    assert out["env"] == {"NCCL_NTHREADS": "128", "NCCL_MIN_NCHANNELS": "32",
+                          "NCCL_TUNER_CONFIG_FILE": "/plans/tuner.conf"}
     configs = parse_nccl_tuner_csv(out["nccl_tuner_csv"])
-    assert [match_config(configs, "allreduce", g, 1, 8)["channels"] for g in GROUPS] == out["channels"]
+    for collective in COLLECTIVES:
+        assert [selected_channels(configs, collective, g, 1, 8) for g in GROUPS] == out["channels"]
     assert out["channel_conflicts"] == {}
-
-
-# The example plugin's loading loop, re-implemented in C from its documented rules (fgets into 256 bytes,
-# skip lines starting with '#' or '\n', strtok on ',', trim spaces/tabs, accept 8-10 tokens, strtoull for the
-# byte bounds, atoi for the rest, unknown names mapped to allreduce/ring/simple), printing what it loaded.
-LOADER_C = r"""
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-static const char* pick(const char* s, const char** names, int n, int dflt) {
-  for (int i = 0; i < n; i++) if (strcmp(s, names[i]) == 0) return names[i];
-  return names[dflt];
-}
-int main(int argc, char** argv) {
-  static const char* colls[] = {"broadcast", "reduce", "allgather", "reducescatter", "allreduce"};
-  static const char* algos[] = {"tree", "ring", "collnet_direct", "collnet_chain", "nvls", "nvls_tree", "pat"};
-  static const char* protos[] = {"ll", "ll128", "simple"};
-  FILE* f = fopen(argv[1], "r");
-  char line[256];
-  if (!f) return 1;
-  while (fgets(line, sizeof(line), f)) {
-    if (line[0] == '#' || line[0] == '\n') continue;
-    line[strcspn(line, "\n")] = 0;
-    char* tok[10]; int n = 0;
-    for (char* t = strtok(line, ","); t && n < 10; t = strtok(NULL, ",")) {
-      while (*t == ' ' || *t == '\t') t++;
-      char* e = t + strlen(t) - 1;
-      while (e > t && (*e == ' ' || *e == '\t')) *e-- = 0;
-      tok[n++] = t;
-    }
-    if (n < 8 || n > 10) continue;
-    printf("%s,%zu,%zu,%s,%s,%d,%d,%d,%d,%d\n", pick(tok[0], colls, 5, 4),
-           (size_t)strtoull(tok[1], NULL, 10), (size_t)strtoull(tok[2], NULL, 10),
-           pick(tok[3], algos, 7, 1), pick(tok[4], protos, 3, 2), atoi(tok[5]), atoi(tok[6]), atoi(tok[7]),
-           n > 8 ? atoi(tok[8]) : -1, n > 9 ? atoi(tok[9]) : -1);
-  }
-  fclose(f);
-  return 0;
-}
-"""
-
-
-def test_generated_csv_loads_in_a_c_reimplementation_of_the_example_plugin(tmp_path):
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        pytest.skip("no C compiler")
-    (tmp_path / "loader.c").write_text(LOADER_C)
-    subprocess.run([cc, "-O0", "-o", str(tmp_path / "loader"), str(tmp_path / "loader.c")], check=True)
-    rows = tuner_rows(GROUPS, [4, 2, 8, 1], fallback_channels=16)
-    path = tmp_path / "nccl_tuner.conf"
-    path.write_text(nccl_tuner_csv(rows, comment="a comment"))
-    loaded = subprocess.run([str(tmp_path / "loader"), str(path)], check=True, capture_output=True,
-                            text=True).stdout.splitlines()
-    ours = [",".join(str(c[k]) for k in ("collective", "min_bytes", "max_bytes", "algorithm", "protocol",
-                                          "channels", "nNodes", "nRanks", "numPipeOps", "regBuff"))
-            for c in parse_nccl_tuner_csv(path.read_text())]
-    assert loaded == ours and len(loaded) == len(rows)
