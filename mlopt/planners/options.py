@@ -77,6 +77,7 @@ class CommandOption:
     max: float | None = None  # int and float: the largest accepted value (None: unbounded)
     min_open: bool = False  # float: `min` itself is refused (a positive time limit)
     multiple: bool = False  # repeatable (--sketch A --sketch B): a tuple of values
+    size_range_axis: bool = False  # a sweep grid may give it as LO..HI: the sizes mlopt simulate's grid spans
     show_default: bool = False  # --help shows the default
 
     def range_text(self) -> str:
@@ -115,9 +116,20 @@ def convert_option(option: CommandOption, text: str) -> Any:
     return value
 
 
-def command_args(options: tuple[CommandOption, ...], given: dict[str, Any], command: str) -> dict[str, Any]:
+def one_of_problem(group: tuple[str, ...], given: Any) -> str | None:
+    """Why the options given break "exactly one of `group`" (`given`: the names given), None when they keep it."""
+    named = [name for name in group if name in given]
+    if len(named) == 1:
+        return None
+    listed = " and ".join(f"--{name}" for name in group)
+    return f"needs exactly one of {listed}" + (f" (given: {', '.join(named)})" if named else "")
+
+
+def command_args(options: tuple[CommandOption, ...], given: dict[str, Any], command: str,
+                 one_of: tuple[tuple[str, ...], ...] = ()) -> dict[str, Any]:
     """Every option of `command` by name: those given (already converted), the rest at their defaults;
-    InputError (exit 2) for an option the command does not have or a required one left out."""
+    InputError (exit 2) for an option the command does not have, a required one left out, or a group of which
+    exactly one must be given (`one_of`) that is not."""
     known = {o.name: o for o in options}
     unknown = sorted(set(given) - set(known))
     if unknown:
@@ -125,6 +137,10 @@ def command_args(options: tuple[CommandOption, ...], given: dict[str, Any], comm
     missing = [f"--{o.name}" for o in options if o.required and given.get(o.name) is None]
     if missing:
         raise InputError(command, missing[0], "required: give it")
+    for group in one_of:
+        problem = one_of_problem(group, {name for name, value in given.items() if value is not None})
+        if problem:
+            raise InputError(command, f"--{group[0]}", problem)
     return {o.name: _coerce(o, given[o.name], command) if o.name in given else o.default for o in options}
 
 

@@ -173,6 +173,7 @@ class PlannerKind:
     command_options: tuple[CommandOption, ...] = ()
     shared_options: tuple[CommandOption, ...] = ()
     prepare_plan: PreparePlan | None = None  # None: no `mlopt plan KIND` subcommand (a test's kind)
+    one_of: tuple[tuple[str, ...], ...] = ()  # groups of options of which a command gives exactly one
     command_help: str = ""  # `mlopt plan KIND --help`: what the command plans and writes
     # (what was written, -o as given, the options by flag name) -> (the --json summary, the one line printed)
     summary: Callable[[PlannedFiles, str, dict[str, Any]], tuple[dict[str, Any], str]] | None = None
@@ -188,7 +189,8 @@ class PlannerKind:
         """`mlopt plan KIND` with these options (by flag name; left out: the CLI's defaults), ready to plan."""
         if self.prepare_plan is None:
             raise InputError(f"mlopt plan {self.name}", "$", "this kind has no plan command")
-        return self.prepare_plan(command_args(self.all_command_options, args, f"mlopt plan {self.name}"))
+        return self.prepare_plan(command_args(self.all_command_options, args, f"mlopt plan {self.name}",
+                                              self.one_of))
 
     def plan_files(self, args: dict[str, Any], output: Path,
                    progress: Callable[[str], None] = quiet) -> PlannedFiles:

@@ -34,7 +34,7 @@ from mlopt.errors import InputError
 from mlopt.formats.io import check_regular_file, read_document
 from mlopt.formats.loaders import load_trace_any, resolve_topology
 from mlopt.formats.sizes import format_size, parse_size_range
-from mlopt.planners.options import CommandOption, convert_option
+from mlopt.planners.options import CommandOption, convert_option, one_of_problem
 from mlopt.planners.registry import find_kind, kind_names
 from mlopt.sweep.cells import REFUSED_OPTIONS, Cell
 from mlopt.sweep.command import plan_options
@@ -186,7 +186,7 @@ def _grid_cells(grid: dict[str, Any], field: str, source: str, base: Path, first
         if norm in given:
             raise InputError(source, where, f"--{norm} is also given as {given[norm]}")
         given[norm] = where
-        if planner == "collective" and norm == "size" and isinstance(value, str):
+        if param.size_range_axis and isinstance(value, str):
             try:
                 value = [format_size(s) for s in parse_size_range(value, f"{source}: {where}")]
             except InputError as exc:
@@ -209,6 +209,11 @@ def _grid_cells(grid: dict[str, Any], field: str, source: str, base: Path, first
     if missing:
         raise InputError(source, field, f"`mlopt plan {planner}` needs {', '.join(missing)}: give it under "
                                         f"`options:` (one value) or `grid:` (a list)")
+    for group in kind.one_of:
+        problem = one_of_problem(group, given)
+        if problem:
+            raise InputError(source, field, f"`mlopt plan {planner}` {problem}: give one under `options:` (one "
+                                            f"value) or `grid:` (a list)")
     cells = []
     for k, combo in enumerate(itertools.product(*axis_values)):
         args, cell_options = list(fixed), list(fixed_options)

@@ -246,7 +246,9 @@ def load(tmp_path: Path, text: str):
 @pytest.mark.parametrize("text, field, fragment", [
     ("planner: collectve\n", "$.planner", "not a planner"),
     ("planner: collective\noptions: {topology: ring:4, collective: allgather}\n", "$",
-     "needs --size"),
+     "needs exactly one of --size and --sizes"),
+    ("planner: collective\noptions: {topology: ring:4, collective: allgather, size: 1MiB, sizes: 1KiB..1MiB}\n",
+     "$", "needs exactly one of --size and --sizes (given: size, sizes)"),
     ("planner: collective\noptions: {topology: ring:4, size: 1MiB}\ngrid: {collective: [allgathr]}\n",
      "$.grid.collective[0]", "allgathr"),
     ("planner: collective\noptions: {topology: ring:4, size: 1MiB, colective: allgather}\n", "$.options.colective",

@@ -81,7 +81,8 @@ COMMAND_OPTIONS = (
                   choices=("allgather", "reducescatter", "allreduce", "alltoall", "broadcast", "reduce")),
     CommandOption("size", "text", "Buffer size, nccl-tests' convention: output per rank (allgather, alltoall), the "
                                   "buffer (allreduce), input per rank (reducescatter). E.g. 1GiB. The XML claims "
-                                  "this size only (minBytes = maxBytes = it)."),
+                                  "this size only (minBytes = maxBytes = it).",
+                  size_range_axis=True),
     CommandOption("sizes", "text", "Instead of --size: LO..HI (x4 steps, as mlopt simulate) or a comma list; -o is "
                                    "then a folder with one XML (+ sidecar) per band of sizes that share the best "
                                    "program, the bands tiling LO..HI (docs/collective.md)."),
@@ -193,6 +194,7 @@ KIND = PlannerKind(
     command_options=COMMAND_OPTIONS,
     shared_options=PLANNER_COMMAND_OPTIONS,
     prepare_plan=prepare_plan,
+    one_of=(("size", "sizes"),),
     command_help='Synthesize a collective algorithm as MSCCL-EF XML (-o ag.xml) plus a JSON sidecar (ag.json).',
     summary=summary,
 )
