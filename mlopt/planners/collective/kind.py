@@ -128,10 +128,9 @@ def prepare_plan(args: dict[str, Any]) -> PlanRequest:
 
 
 def _sizes(args: dict[str, Any]) -> list[int]:
-    """--size S -> [S]; --sizes LO..HI -> the grid mlopt simulate uses; exactly one of them."""
+    """--size S -> [S]; --sizes LO..HI -> the grid mlopt simulate uses (exactly one is given: KIND.one_of,
+    checked by `PlannerKind.request`)."""
     size, sizes = args.get("size"), args.get("sizes")
-    if (size is None) == (sizes is None):
-        raise InputError("--size", "$", "give exactly one of --size and --sizes")
     return [parse_size(size)] if size is not None else sorted(set(parse_size_range(sizes)))
 
 

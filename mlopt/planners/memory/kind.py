@@ -132,7 +132,6 @@ def summary(planned: PlannedFiles, output: str, args: dict[str, Any]) -> tuple[d
         f"{least} ({plan_obj.status.value}{gap}); wrote {output}")
 
 
-
 KIND = PlannerKind(
     name="memory",
     options_type=MemoryOptions,

@@ -75,7 +75,6 @@ def summary(planned: PlannedFiles, output: str, args: dict[str, Any]) -> tuple[d
         f"systems (us per iteration): {systems}; wrote {output}")
 
 
-
 KIND = PlannerKind(
     name="schedule",
     options_type=ScheduleOptions,

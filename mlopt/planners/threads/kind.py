@@ -96,7 +96,6 @@ def summary(planned: PlannedFiles, output: str, args: dict[str, Any]) -> tuple[d
         f"baselines (us): {baseline}; wrote {output} and {planned.files[0]}")
 
 
-
 KIND = PlannerKind(
     name="threads",
     options_type=ThreadsOptions,
