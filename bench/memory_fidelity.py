@@ -2,18 +2,22 @@
 
     python bench/memory_fidelity.py --tag before                 # resnet18 batch 16 (the issue's case)
     python bench/memory_fidelity.py --tag after --models resnet18:16,mobilenet_v2:4 --ratios 1.0,0.7,least
+    python bench/memory_fidelity.py --tag cl --models resnet18:16:cl  # channels-last
+    python bench/memory_fidelity.py --tag transformer --models bench/models/bert_like.py:bert_small:4:128,256
     python bench/memory_fidelity.py --doc-only                   # rewrite the doc from the results
 
-For each model (torchvision NAME:BATCH, or a bench/models file spec FILE:CALLABLE:BATCH:SHAPE) and budget
-ratio (a fraction of the store-all replayed peak, or `least`: the least-memory schedule's replayed peak, the
-least feasible budget the planner reports), it traces the model once (`mlopt trace`, SGD, cached in
-bench/.cache), plans (`mlopt plan memory --budget-ratio R`, or `--budget BYTES` for `least`) and, in a fresh
-Python process per point, loads the plan with `mlopt.pytorch.load_memory_plan`, runs one warm-up step with
-an SGD update (so the momentum buffers exist, as in training) and then one measured step under the plan
-(`measure_step`: the allocator's high-water mark above the level before the step) and reads the process's
-peak RSS. Measured allocator peak = the problem's constant bytes (parameters, buffers, momentum, inputs:
-what is allocated before the step) + that high-water mark, the figure the plan's predicted peak and budget
-are in. One intra-op thread (the machine is shared; kernels then allocate as they do single-threaded).
+For each model (torchvision NAME:BATCH, or a bench/models file spec FILE:CALLABLE:BATCH:SHAPE, the SHAPE's
+commas kept; `:cl` appended traces with `mlopt trace --channels-last` and runs the model and inputs in
+torch.channels_last) and budget ratio (a fraction of the store-all replayed peak, or `least`: the
+least-memory schedule's replayed peak, the least feasible budget the planner reports), it traces the model
+once (`mlopt trace`, SGD, cached in bench/.cache), plans (`mlopt plan memory --budget-ratio R`, or
+`--budget BYTES` for `least`) and, in a fresh Python process per point, loads the plan with
+`mlopt.pytorch.load_memory_plan`, runs one warm-up step with an SGD update (so the momentum buffers exist,
+as in training) and then one measured step under the plan (`measure_step`: the allocator's high-water mark
+above the level before the step) and reads the process's peak RSS. Measured allocator peak = the problem's
+constant bytes (parameters, buffers, momentum, inputs: what is allocated before the step) + that high-water
+mark, the figure the plan's predicted peak and budget are in. One intra-op thread (the machine is shared;
+kernels then allocate as they do single-threaded).
 
 Writes bench/results/memory_fidelity.json (one run per --tag, kept across tags) and
 docs/memory-fidelity-benchmark.md (a table per tag).
@@ -46,18 +50,38 @@ DEFAULT_MODELS = "resnet18:16"
 DEFAULT_RATIOS = "1.0,0.8,0.7,0.64,least"
 TOLERANCE = 0.05  # the issue's target: measured within 5% of predicted
 FINDINGS = "## Findings"  # the doc's hand-written part starts here; reruns keep it
+CHANNELS_LAST_SUFFIX = "cl"  # a model entry ending in :cl runs channels-last
 
 
 def model_spec(entry: str) -> dict:
-    """`resnet18:16` (torchvision) or `bench/models/bert_like.py:bert_base:4:128,768`."""
+    """`resnet18:16` (torchvision) or `bench/models/bert_like.py:bert_base:4:128,768`; a trailing `:cl` traces
+    and runs the model in torch.channels_last (`mlopt trace --channels-last`)."""
     parts = entry.split(":")
+    channels_last = parts[-1] == CHANNELS_LAST_SUFFIX
+    if channels_last:
+        parts = parts[:-1]
+    layout_label, layout_key = (" channels-last", "-cl") if channels_last else ("", "")
     if len(parts) == 2:
-        return {"label": f"{parts[0]} b{parts[1]}", "spec": f"torchvision:{parts[0]}", "batch": int(parts[1]),
-                "shape": None, "key": f"{parts[0]}-b{parts[1]}"}
+        return {"label": f"{parts[0]} b{parts[1]}{layout_label}", "spec": f"torchvision:{parts[0]}",
+                "batch": int(parts[1]), "shape": None, "key": f"{parts[0]}-b{parts[1]}{layout_key}",
+                "channels_last": channels_last}
     path, callable_name, batch, shape = parts
     name = Path(path).stem + "." + callable_name
-    return {"label": f"{name} b{batch}", "spec": f"{path}:{callable_name}", "batch": int(batch),
-            "shape": shape, "key": f"{name}-b{batch}-{shape.replace(',', 'x')}"}
+    return {"label": f"{name} b{batch}{layout_label}", "spec": f"{path}:{callable_name}", "batch": int(batch),
+            "shape": shape, "key": f"{name}-b{batch}-{shape.replace(',', 'x')}{layout_key}",
+            "channels_last": channels_last}
+
+
+def model_entries(models: str) -> list[str]:
+    """The --models list split at commas, except those inside a file spec's SHAPE (`...:4:3,32,32:cl`): a piece
+    that starts with a number continues the previous entry's shape (a model name never does)."""
+    entries: list[str] = []
+    for piece in models.split(","):
+        if entries and piece.split(":")[0].isdigit():
+            entries[-1] += "," + piece
+        else:
+            entries.append(piece)
+    return entries
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
@@ -69,7 +93,9 @@ def traced(model: dict) -> Path:
     if not path.exists():
         CACHE.mkdir(parents=True, exist_ok=True)
         shape = ("--input-shape", model["shape"]) if model["shape"] else ()
-        done = cli("trace", model["spec"], "--batch", str(model["batch"]), *shape, "--optimizer", "sgd", "-o", str(path))
+        layout = ("--channels-last",) if model.get("channels_last") else ()
+        done = cli("trace", model["spec"], "--batch", str(model["batch"]), *shape, *layout, "--optimizer", "sgd",
+                   "-o", str(path))
         if done.returncode != 0:
             raise SystemExit(f"mlopt trace {model['spec']} failed: {done.stderr.strip()}")
     return path
@@ -112,6 +138,9 @@ def measure_point(plan_path: str, trace_path: str, model: dict) -> dict:
     shape = [int(s) for s in model["shape"].split(",")] if model["shape"] else list(default_shape)
     net.train()
     inputs = torch.randn(model["batch"], *shape)
+    if model.get("channels_last"):  # as `mlopt trace --channels-last` converted them when tracing
+        net.to(memory_format=torch.channels_last)
+        inputs = inputs.contiguous(memory_format=torch.channels_last)
     with torch.no_grad():  # the targets need only the outputs' shapes (loss_outputs would see no grads here)
         targets = make_targets([t for t in tensor_leaves(net(inputs)) if t.is_floating_point()], model["batch"], 0)
     optimizer = torch.optim.SGD(net.parameters(), **SGD_SETTINGS)
@@ -234,7 +263,7 @@ def main() -> None:
         plan_path, trace_path, model = json.loads(args.measure)
         print(json.dumps(measure_point(plan_path, trace_path, model)))
         return
-    models = [model_spec(m) for m in args.models.split(",")]
+    models = [model_spec(m) for m in model_entries(args.models)]
     rows = run(models, args.ratios.split(","), args.time_limit)
     runs = json.loads(RESULTS.read_text())["runs"] if RESULTS.exists() else {}
     runs[args.tag] = {"note": args.note, "models": args.models, "ratios": args.ratios,

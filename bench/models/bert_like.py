@@ -21,3 +21,9 @@ class EncoderClassifier(nn.Module):
 
 def bert_base() -> nn.Module:
     return EncoderClassifier()
+
+
+def bert_small() -> nn.Module:
+    """A small encoder of the same structure (4 layers, width 256, 4 heads, feed-forward 1024; about 3.2M
+    parameters) for benches that run many real steps on a small CPU (bench/memory_fidelity.py)."""
+    return EncoderClassifier(layers=4, width=256, heads=4, ffn=1024)

@@ -18,14 +18,17 @@ values, everything else is dropped and recomputed); r^k with its implementations
 in place where the plan says so (relu_, add_) and out of place otherwise; the keep sets S^{k-1} (with
 the replay's greedy freeing inside a stage); ReLU backward "intermediate-activated" from a 1-byte bool
 sign mask. Random ops the plan recomputes (dropout's bernoulli_) run again under the RNG state they
-first ran with: identical masks (5056 bytes of RNG state kept per such op on CPU).
+first ran with: identical masks (5056 bytes of RNG state kept per such op on CPU, which the plan does not
+count; ops called with a dropout probability of 0 draw nothing and keep none).
 
 Falls back to the default, and says so in `executor.fallbacks`: operator implementations from a profile
 or an --ops document (convolution algorithms, memory formats such as CPU channels-last, workspace
 variants), which this runtime does not switch per operator (PyTorch offers some of them only as global
-switches or as the model's own memory format), and an in-place forward the model's code runs out of place. The reverse (the plan wants the
-out-of-place forward of an op the model runs in place, because its input is stored) is honoured by
-copying the stored input first, which costs what out of place costs; it is listed in `executor.notes`.
+switches or as the model's own memory format), and an in-place forward of an op PyTorch has no in-place
+overload for. An in-place forward of an op the model's code calls out of place (nn.ReLU(), F.relu) runs as
+its in-place overload (relu_) below autograd. The reverse (the plan wants the out-of-place forward of an
+op the model runs in place, because its input is stored) is honoured by copying the stored input first,
+which costs what out of place costs; it is listed in `executor.notes`.
 
 `measure_step` runs one training step (optionally under an executor) under torch.profiler with
 profile_memory=True and adds up the allocator's [memory] events in time order: `forward_end_bytes` is

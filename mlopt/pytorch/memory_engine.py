@@ -12,6 +12,10 @@ How one planned training step runs (problem.py gives the schedule's semantics, b
   activations replaced by references (node, view geometry), everything else (parameters, buffers, the
   batch, targets) held as is. The tracer's run dispatches an `aten::detach` whenever autograd saves an
   output; with a saved-tensor hook set autograd does not, so those trace ops are skipped when matching.
+  A traced out-of-place op that the plan runs in place (MONeT's in-place ReLU) is dispatched as its
+  in-place overload on the same arguments: its input's buffer becomes the node's value, as for an op
+  traced in place; autograd, above the mode, still recorded the out-of-place call, and what it saves is
+  served by the saved-tensor hooks below.
 * Saved tensors: `torch.autograd.graph.saved_tensors_hooks`. Packing a tensor whose storage holds a
   node's value returns a `_Handle` (node, size/stride/offset), never the tensor, so autograd keeps no
   activation alive. The executor holds the values the plan stores (s_i^N = 1) in `live` (node ->
@@ -37,7 +41,8 @@ overwritten value needed by nothing later in the stage), else out of place: thei
 or the op on a copy. native_batch_norm in training gets fresh clones of running_mean/running_var (its
 output ignores them, and the real buffers must be updated once); other constants the forward overwrites
 after an op read them are snapshotted for it. Random ops (tagged nondeterministic_seeded: bernoulli_,
-native_dropout, ...) that the plan recomputes keep the CPU (and CUDA) RNG state taken just before they
+native_dropout, ...) that the plan recomputes and that draw numbers in the call (not with a dropout
+probability of 0, as attention without dropout) keep the CPU (and CUDA) RNG state taken just before they
 ran and are recomputed under it, then the RNG is put back (torch.utils.checkpoint's preserve_rng_state):
 identical dropout masks, for 5056 bytes of retained state per such op on CPU.
 * A batch norm recomputed with "reuse-stats" (`reuses_intermediates`) is not dispatched again: y =
@@ -191,6 +196,13 @@ class _TraceMatcher:
         self.node_of_op = {n.op_id: n.index for n in problem.nodes if n.intermediate_of is None}
         self.position = 0
 
+    def peek(self, name: str) -> int | None:
+        """The node the next op matches if it is `name`, without consuming it."""
+        ops, position = self.trace_ops, self.position
+        while position < len(ops) and ops[position].name != name and ops[position].name == DETACH:
+            position += 1
+        return self.node_of_op.get(ops[position].id) if position < len(ops) and ops[position].name == name else None
+
     def match(self, n: int, name: str, output_bytes: list[int]) -> int | None:
         ops = self.trace_ops
         while self.position < len(ops) and ops[self.position].name != name and ops[self.position].name == DETACH:
@@ -226,6 +238,11 @@ class _NodeMatcher:
         self.label = label
         self.nodes = sorted((n for n in problem.nodes if n.intermediate_of is None), key=lambda n: n.op_id)
         self.position = 0
+
+    def peek(self, name: str) -> int | None:
+        """The node the next op matches if it is `name` and writes an activation, without consuming it."""
+        node = self.nodes[self.position] if self.position < len(self.nodes) else None
+        return node.index if node is not None and node.name == name else None
 
     def match(self, n: int, name: str, output_bytes: list[int]) -> int | None:
         if not any(output_bytes):
@@ -411,8 +428,9 @@ class PlanExecutor:
             chosen = self._forward_impl(node, self.forward_step[node.index].impl)
             if chosen is not None and chosen.name != default.name:
                 if chosen.inplace and not default.inplace:
-                    self._say("fallback", f"node {node.index} ({node.name}): forward '{chosen.name}' (in place) asked, "
-                              "runs out of place as the model's code does")
+                    if not _has_inplace_variant(node.name):
+                        self._say("fallback", f"node {node.index} ({node.name}): forward '{chosen.name}' (in place) "
+                                  "asked, PyTorch has no in-place variant: runs out of place as the model's code does")
                 elif not chosen.inplace and default.inplace:
                     self._say("note", f"node {node.index} ({node.name}): forward '{chosen.name}' asked; the model runs "
                               "it in place, so its input's stored value is kept by a copy (same memory)")
@@ -520,7 +538,8 @@ class PlanExecutor:
         self._resolve_pending()
         n = step.op_count
         step.op_count += 1
-        name = op_name(func)
+        name = op_name(func)  # as traced: what the matcher compares
+        func = self._as_planned(func, step.matcher.peek(name))
         written = written_tensors(func, args, kwargs)
         written_keys = [k[0] for k in map(_storage_key, written) if k is not None]
         flat, spec = tree_flatten((tuple(args), dict(kwargs)))
@@ -545,7 +564,7 @@ class PlanExecutor:
                 leaves.append(ref)
         self._protect_before_write(name, written, leaves, func, args, kwargs)
         # A random op's RNG state must be taken before it runs (its node is known only after).
-        rng = self._rng_state(func, flat) if self.recomputable else None
+        rng = self._rng_state(func, flat) if self.recomputable and self._draws_random(func, args, kwargs) else None
         result = func(*args, **kwargs)
         results = tensor_leaves(result)
         outputs = self._outputs(written, results, read_keys)
@@ -601,6 +620,23 @@ class PlanExecutor:
         step.pending.append((node, [weakref.ref(t) for t in results]))
         return result
 
+    def _as_planned(self, func: Any, node: int | None) -> Any:
+        """The op to run for a traced out-of-place op whose node the plan runs in place (MONeT's in-place
+        implementation, e.g. ReLU): its in-place overload, on the input the node's `inplace_input` is. Under
+        autograd the model still called the out-of-place op; the saved-tensor hooks see only node values, so
+        what autograd saves is served as the plan says. Anything else runs as called."""
+        if node is None:
+            return func
+        impl = self._forward_impl(self.nodes[node], self.forward_step[node].impl)
+        if impl is None or not impl.inplace or self.nodes[node].forward[0].inplace:
+            return func
+        inplace = _inplace_variant(func)
+        if inplace is None:
+            self._say("fallback", f"node {node} ({self.nodes[node].name}): forward '{impl.name}' (in place) asked, "
+                      f"{func} has no in-place overload with its arguments: ran out of place")
+            return func
+        return inplace
+
     def _outputs(self, written: list[torch.Tensor], results: list[torch.Tensor], read_keys: set[int]) -> list[_Output]:
         """The activations an op writes, in the tracer's order: overwritten arguments, then new results."""
         outputs: list[_Output] = []
@@ -654,10 +690,21 @@ class PlanExecutor:
                 return args[position] if position < len(args) else kwargs.get(name, default)
         return default
 
+    @classmethod
+    def _draws_random(cls, func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> bool:
+        """A random op that draws numbers in this call: tagged nondeterministic_seeded and, for the ops that
+        take a dropout probability (attention, native_dropout), not called with 0 or outside training."""
+        if torch.Tag.nondeterministic_seeded not in func.tags:
+            return False
+        defaults = {a.name: a.default_value if a.has_default_value() else None for a in func._schema.arguments}
+        for name in ("dropout_p", "p"):
+            value = cls._argument(func, args, kwargs, name, defaults[name]) if name in defaults else None
+            if isinstance(value, (int, float)) and value == 0:  # (bernoulli_'s p may be a tensor)
+                return False
+        return not ("train" in defaults and cls._argument(func, args, kwargs, "train", True) is False)
+
     @staticmethod
     def _rng_state(func: Any, flat: list[Any]) -> tuple[torch.Tensor, dict[int, torch.Tensor]] | None:
-        if torch.Tag.nondeterministic_seeded not in func.tags:
-            return None
         cuda: dict[int, torch.Tensor] = {}
         for leaf in flat:
             if isinstance(leaf, torch.Tensor) and leaf.is_cuda and leaf.device.index not in cuda:
@@ -921,7 +968,7 @@ class PlanExecutor:
             else:
                 self._say("fallback", f"node {i} ({node.name}): in-place recompute has no PyTorch counterpart here; "
                           "ran out of place")
-        if record.rng_state is None and torch.Tag.nondeterministic_seeded in func.tags:
+        if record.rng_state is None and self._draws_random(func, *tree_unflatten(list(record.leaves), record.spec)):
             raise RuntimeError(f"node {i} ({node.name}) is random and the plan does not recompute it, so its RNG "
                                "state was not kept; it cannot be recomputed on demand")
         args, kwargs = tree_unflatten(leaves, record.spec)
@@ -957,6 +1004,12 @@ def _functional_variant(func: Any) -> Any:
     if not name.endswith("_") or name.endswith("__"):
         return None
     return _same_arguments(func, namespace, name[:-1])
+
+
+def _has_inplace_variant(op_name: str) -> bool:
+    """Whether "ns::name" has an in-place packet "ns::name_" (its overloads are matched when the op runs)."""
+    namespace, _, name = op_name.partition("::")
+    return getattr(getattr(torch.ops, namespace, None), name + "_", None) is not None
 
 
 def _inplace_variant(func: Any) -> Any:

@@ -154,6 +154,7 @@ class _TRef:
     arg: int  # position of the node argument (or output) it came from
     shape: tuple[int, ...] = ()
     dtype: str = ""
+    device: str = ""  # "cpu", "cuda:0"; "" when the value names none (older schemas)
 
     @property
     def key(self) -> tuple[int, int]:
@@ -293,7 +294,8 @@ def _tensor_value(value: Any, ctype: str, shape: Any, arg: int, src: str, path: 
     if sid == 0 or numel == 0 or itemsize == 0:
         return None  # undefined, storage-less or empty tensor: no bytes to track
     dims = tuple(shape) if isinstance(shape, list) and all(_is_int(d) and d >= 0 for d in shape) else ()
-    return _TRef(tid, sid, offset, numel, itemsize, arg, dims, _DTYPES.get(ctype, ctype))
+    device = value[5] if len(value) == 6 else ""
+    return _TRef(tid, sid, offset, numel, itemsize, arg, dims, _DTYPES.get(ctype, ctype), device)
 
 
 def _tensor_refs(value: Any, type_str: Any, shape: Any, arg: int, src: str, path: str) -> Iterator[_TRef]:
@@ -1074,6 +1076,21 @@ def _fallback_optimizer_roles(ops: list[_OpNode], flow: _Flow) -> None:
             ops[i].role = "optimizer"
 
 
+def _trace_device(nodes: Any) -> str:
+    """The device the step computes on, as `mlopt trace` records it (`source.device`, which picks the
+    memory planner's catalog constants): the accelerator holding the most tensor bytes, else "cpu" ("" when
+    no tensor value names a device)."""
+    bytes_on: dict[str, int] = defaultdict(int)
+    for node in nodes:
+        for ref in (*node.inputs, *node.outputs):
+            if ref.device:
+                bytes_on[ref.device] += ref.numel * ref.itemsize
+    accelerators = {d: b for d, b in bytes_on.items() if d.split(":", 1)[0] != "cpu"}
+    if accelerators:
+        return max(sorted(accelerators), key=lambda d: accelerators[d])
+    return "cpu" if bytes_on else ""
+
+
 def _tensors(ops: list[_OpNode], flow: _Flow) -> dict[int, Tensor]:
     """A Tensor per version any op reads or writes, numbered in order of first use."""
     readers: dict[int, set[str]] = defaultdict(set)
@@ -1253,6 +1270,7 @@ def import_pytorch_et(
             "schema": str(doc.get("schema", "")),
             "inputs": inputs_hashes,
             "step_scope": scope.name,
+            **({"device": device} if (device := _trace_device(forest.by_id.values())) else {}),
         },
     )
     validate_trace(trace, src)

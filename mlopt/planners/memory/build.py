@@ -26,10 +26,17 @@ else the catalog's constants for the trace's device (catalog.backward_transient_
 trace's own figure does not exceed; the stage's peak counts it (c_hat_k in the ILP and the replay).
 
 Gradients (decision-independent constants). Backward ops run in stage order (k = N-1..0, trace order
-inside a stage). y_bytes(k) = bytes of the gradient tensors first written in stage k (temporaries
-included); grad_live_bytes(k) = gradient tensors written before stage k and still needed: parameter
-gradients persist to the end (read by the optimizer, or handed to .grad by AccumulateGrad's detach),
-activation gradients die after their last backward reader.
+inside a stage), each allocating the gradient tensors it writes first and freeing those it reads last.
+grad_live_bytes(k) = what is live entering stage k; y_bytes(k) = how far the stage's ops rise above that
+at their highest (a stage's view, select and clone backwards free what they read as they go, so this is
+their running peak, not the sum of all they write). Parameter gradients persist to the end (read by the
+optimizer, or handed to .grad by AccumulateGrad's detach); activation gradients die after their last
+backward reader. What the training loop holds through
+`loss.backward()` counts from the seed's stage to the end: the loss tensor (the caller's variable) and
+the seed gradient `ones_like(loss)` (torch.autograd.backward's own argument until it returns); measured
+steps peak on those bytes too (8 on a float loss).
+
+Every tensor counts as its device's allocator counts it (catalog.allocated_bytes: on CUDA, 512-byte blocks).
 
 constant_bytes = input, parameter, buffer and optimizer-state tensors, plus 'other' tensors that no
 forward or backward op writes. final_outputs = the loss (the last forward op's node) and whatever
@@ -41,6 +48,7 @@ DEFAULT_BYTES_PER_US and a warning; the problem's cost_source says which times w
 
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -161,7 +169,8 @@ def _forward_drafts(trace: ModelTrace, tensors: dict[int, Tensor], times: dict[i
         if catalog.makes_mask(op.name):
             mask_of[main] = len(drafts)
             drafts.append(_Draft(index=len(drafts), op=op, name=catalog.MASK_NODE_NAME,
-                                 out_bytes=catalog.mask_bytes(_numel(tensors[primary])), inputs=(main,),
+                                 out_bytes=catalog.allocated_bytes(catalog.mask_bytes(_numel(tensors[primary])),
+                                                                   _device(trace)), inputs=(main,),
                                  role="mask", time_us=catalog.mask_impl(times[op.id][0], factors).compute_us,
                                  intermediate_of=main))
     if pending_us and drafts:  # trailing node-less ops (e.g. detach of the loss) join the last main node
@@ -219,15 +228,23 @@ def _profiled_op_ids(trace: ModelTrace) -> set[int]:
     return {op_id for m in measurements or () if isinstance(m, dict) for op_id in m.get("op_ids") or ()}
 
 
-def _catalog_transient(op: Op, tensors: dict[int, Tensor], device: Any) -> int:
-    """The catalog's transient bytes of a backward op whose first two inputs are (dy, x)."""
+def _catalog_transient(op: Op, tensors: dict[int, Tensor], device: Any, memory_format: Any = None) -> int:
+    """The catalog's transient bytes of a backward op whose first two inputs are (dy, x); the rules that need
+    more (a weight's shape, attention's logsumexp, the trace's `source.memory_format`) get every input."""
     if len(op.inputs) < 2:
         return 0
-    grad_output, forward_input = tensors[op.inputs[0]], tensors[op.inputs[1]]
+    operands = tuple(tensors[t] for t in op.inputs)
+    grad_output, forward_input = operands[0], operands[1]
     computes_grad_input = any(tensors[t].bytes == forward_input.bytes and tensors[t].shape == forward_input.shape
                               for t in op.outputs)
     return catalog.backward_transient_bytes(op.name, device, grad_output_bytes=grad_output.bytes,
-                                            input_bytes=forward_input.bytes, computes_grad_input=computes_grad_input)
+                                            input_bytes=forward_input.bytes, computes_grad_input=computes_grad_input,
+                                            operands=operands, memory_format=memory_format)
+
+
+def _memory_format(trace: ModelTrace) -> Any:
+    """The trace's `source.memory_format` ("channels-last" from `mlopt trace --channels-last`), else None."""
+    return trace.source.get("memory_format") if isinstance(trace.source, dict) else None
 
 
 def _with_backward_transients(trace: ModelTrace, tensors: dict[int, Tensor],
@@ -235,11 +252,11 @@ def _with_backward_transients(trace: ModelTrace, tensors: dict[int, Tensor],
     """The backward ops with each unprofiled op's default workspace raised to the catalog's transient bytes
     (module docstring), and a summary for the problem's metadata."""
     measured = _profiled_op_ids(trace)
-    device = trace.source.get("device") if isinstance(trace.source, dict) else None
+    device = _device(trace)
     out, raised, largest = [], 0, 0
     for op in backward_ops:
         default = op.implementations[0]
-        transient = 0 if op.id in measured else _catalog_transient(op, tensors, device)
+        transient = 0 if op.id in measured else _catalog_transient(op, tensors, device, _memory_format(trace))
         if transient > (default.workspace_bytes or 0):
             op = replace(op, implementations=(replace(default, workspace_bytes=transient),) + op.implementations[1:])
             raised += 1
@@ -274,52 +291,80 @@ def _traced_backward(k: int, stage: _Stage, times: dict[int, list[float]], input
     return tuple(impls)
 
 
-def _gradient_memory(trace: ModelTrace, tensors: dict[int, Tensor], stage_of: dict[int, int],
-                     n: int) -> tuple[list[int], list[int], int]:
-    """(y_bytes, grad_live_bytes) per node from a liveness pass in stage order, and how many gradients
-    are read before the stage order writes them (counted live from the start of the backward pass)."""
-    position = {op.id: n - 1 - stage_of[op.id] for op in trace.ops if op.id in stage_of}
-    ordered = sorted((op for op in trace.ops if op.id in position), key=lambda op: position[op.id])
-    first_write: dict[int, int] = {}
-    last_use: dict[int, int] = {}
-    persistent: set[int] = set()
+def _is_loss_seed(op: Op, tensors: dict[int, Tensor]) -> bool:
+    """backward()'s seed: an unpaired backward op that writes a gradient from no gradient (ones_like(loss))."""
+    return (op.forward_op is None and any(tensors[t].kind == "gradient" for t in op.outputs)
+            and not any(tensors[t].kind == "gradient" for t in op.inputs))
+
+
+@dataclass(frozen=True)
+class _GradientLives:
+    """When each gradient is allocated and freed, by op index in stage order (`_gradient_lives`)."""
+
+    early: frozenset[int]  # read before the stage order writes them: live from the start of the backward pass
+    allocated_at: dict[int, int]  # op -> bytes it adds: gradients it writes first (the seed op: also the loss)
+    freed_at: dict[int, int]  # op -> bytes of the gradients it reads last (none the step keeps)
+
+
+def _gradient_lives(trace: ModelTrace, ordered: list[Op], tensors: dict[int, Tensor]) -> _GradientLives:
+    first_writer: dict[int, int] = {}
+    last_reader: dict[int, int] = {}
+    kept: set[int] = set()  # live to the end of the backward pass
     early: set[int] = set()
-    for op in ordered:
-        p = position[op.id]
+    allocated_at: dict[int, int] = defaultdict(int)
+    for i, op in enumerate(ordered):
         # AccumulateGrad's handoff (an unpaired op that writes nothing) is not a use: .grad persists.
         handoff = op.forward_op is None and not op.outputs
+        if _is_loss_seed(op, tensors):
+            # The training loop holds the loss through loss.backward(), and torch.autograd.backward the seed
+            # gradient ones_like(loss) until it returns: both count from here to the end.
+            allocated_at[i] += sum(tensors[t].bytes for t in op.inputs if tensors[t].kind != "gradient")
+            kept.update(op.outputs)
         for t in op.inputs:
             if tensors[t].kind != "gradient":
                 continue
-            if t not in first_write:
+            if t not in first_writer:
                 early.add(t)
             if handoff:  # handed to .grad: lives past the step even when a view (t) read it first
-                persistent.add(t)
+                kept.add(t)
             else:
-                last_use[t] = max(last_use.get(t, -1), p)
+                last_reader[t] = i
         for t in op.outputs:
-            if tensors[t].kind == "gradient" and t not in early:
-                first_write.setdefault(t, p)
+            if tensors[t].kind == "gradient" and t not in early and t not in first_writer:
+                first_writer[t] = i
+                allocated_at[i] += tensors[t].bytes
     for op in trace.ops:
-        if op.role != "backward":
-            persistent.update(t for t in op.inputs if tensors[t].kind == "gradient")
-    y = [0] * n
-    live_delta = [0] * (n + 1)  # difference array over positions 0..n-1
-    for t in set(first_write) | early:
-        nbytes = tensors[t].bytes
-        start = -1 if t in early else first_write[t]
-        if start >= 0:
-            y[n - 1 - start] += nbytes
-        end = n - 1 if t in persistent or t not in last_use else last_use[t]
-        if end > start:  # live (not as y) at positions start+1 .. end
-            live_delta[start + 1] += nbytes
-            live_delta[end + 1] -= nbytes
-    live = [0] * n
-    running = 0
+        if op.role != "backward":  # read by the optimizer
+            kept.update(t for t in op.inputs if tensors[t].kind == "gradient")
+    freed_at: dict[int, int] = defaultdict(int)
+    for t, i in last_reader.items():
+        if t not in kept:
+            freed_at[i] += tensors[t].bytes
+    return _GradientLives(frozenset(early), dict(allocated_at), dict(freed_at))
+
+
+def _gradient_memory(trace: ModelTrace, tensors: dict[int, Tensor], stage_of: dict[int, int],
+                     n: int) -> tuple[list[int], list[int], int]:
+    """(y_bytes, grad_live_bytes) per node, and how many gradients are read before the stage order writes
+    them (counted live from the start of the backward pass). The backward ops run in stage order, each
+    allocating the gradients it writes first and then freeing those it reads last; grad_live_bytes(k) is
+    what is live entering stage k, y_bytes(k) how far the stage's ops rise above that at their highest."""
+    position = {op.id: n - 1 - stage_of[op.id] for op in trace.ops if op.id in stage_of}
+    ordered = sorted((op for op in trace.ops if op.id in position), key=lambda op: position[op.id])
+    lives = _gradient_lives(trace, ordered, tensors)
+    ops_at: dict[int, list[int]] = defaultdict(list)
+    for i, op in enumerate(ordered):
+        ops_at[position[op.id]].append(i)
+    y, live = [0] * n, [0] * n
+    running = sum(tensors[t].bytes for t in lives.early)
     for p in range(n):
-        running += live_delta[p]
-        live[n - 1 - p] = running
-    return y, live, len(early)
+        entering = highest = running
+        for i in ops_at.get(p, ()):
+            running += lives.allocated_at.get(i, 0)
+            highest = max(highest, running)
+            running -= lives.freed_at.get(i, 0)
+        live[n - 1 - p], y[n - 1 - p] = entering, highest - entering
+    return y, live, len(lives.early)
 
 
 # --------------------------------------------------------------------------------------- assembly
@@ -361,12 +406,25 @@ def catalog_factors(trace: ModelTrace) -> catalog.CatalogFactors:
     return catalog.CatalogFactors.for_device(source.get("device")).with_checks(checks)
 
 
+def _device(trace: ModelTrace) -> Any:
+    """The trace's `source.device` ("cpu", "cuda:0"), None when it names none."""
+    return trace.source.get("device") if isinstance(trace.source, dict) else None
+
+
+def _as_allocated(trace: ModelTrace) -> ModelTrace:
+    """The trace with each tensor's bytes as its device's allocator counts them (catalog.allocated_bytes)."""
+    device = _device(trace)
+    rounded = tuple(replace(t, bytes=catalog.allocated_bytes(t.bytes, device)) for t in trace.tensors)
+    return trace if rounded == trace.tensors else replace(trace, tensors=rounded)
+
+
 def build_problem(trace: ModelTrace, profile: dict | None = None, source: str = "<trace>", *,
                   profile_source: str | None = None) -> MemoryProblem:
     """The MONeT problem of one traced training step; `profile` is a parsed `--ops` document (catalog.py),
     checked here: InputError naming `profile_source` (default: `source`) and the field's JSON path."""
     profile_source = profile_source or source
     ops_profile = catalog.parse_profile(profile, profile_source) if profile is not None else {}
+    trace = _as_allocated(trace)
     tensors = trace.tensor_map()
     times, defaulted = _op_times(trace, tensors)
     factors = catalog_factors(trace)

@@ -54,28 +54,63 @@ so the trace sees neither their bytes nor their lifetime; they are live while th
 gradients it returns. They are the op's workspace c_hat (its stage's peak counts them; build.py takes the
 stage's largest), from the operator profile where `mlopt profile operators` measured the op (its
 "workspace": the allocator's peak during the call minus what the call returns), else from the constants
-of the trace's device, `backward_transient_bytes`. CPU (torch 2.13 CPU build, one thread, measured with
-the CPU allocator's profiler events on ResNet-shaped operands, batch 4-16):
-* aten::native_batch_norm_backward: one input-sized temporary, |x|, besides grad_input.
-* aten::convolution_backward (oneDNN): without grad_input (the first layer) a copy of grad_output, |dy|;
-  with it, |x| + max(|x|, |dy|) (copies of the operands in the kernel's layout; exact for stride 1, an
-  upper bound within 2% for stride 2). On tiny shapes oneDNN adds scratch memory these leave out (31 KB
-  measured against 16 KB at 4x8x8x8): a few KB, which `mlopt profile operators` measures.
-Every other backward op measured (threshold_backward, max_pool2d_with_indices_backward, mm, layer norm,
-softmax, GELU) allocates only what it returns. A CUDA trace has no constants (the caching allocator's
-workspace depends on cuDNN's algorithm): profile it. The allocator's rounding is not modelled: PyTorch's
-CPU allocator reports the bytes asked for (64-byte aligned blocks, below 0.01% on activation-sized
-tensors); the page rounding of glibc's mmap shows only in the process's RSS.
+of the trace's device, `backward_transient_bytes`. CPU (torch 2.13 CPU build, one intra-op thread; each
+kernel measured alone with the CPU allocator's profiler events, peak minus what it returns, and checked op
+by op in a real profiled step of the model named):
+* aten::native_batch_norm_backward: one input-sized temporary, |x|, besides grad_input (ResNet shapes, batch
+  4-16, contiguous and channels-last alike: exact on all 20 of resnet18's at batch 4 and 16).
+* aten::convolution_backward, contiguous (oneDNN): without grad_input (the first layer) a copy of
+  grad_output, |dy|; with it, |x| + max(|x|, |dy|) (copies of the operands in the kernel's layout; exact for
+  stride 1, an upper bound within 2% for stride 2). On tiny shapes oneDNN adds scratch memory these leave
+  out (31 KB measured against 16 KB at 4x8x8x8): a few KB, which `mlopt profile operators` measures.
+* aten::convolution_backward on a channels-last trace (`source.memory_format` "channels-last", oneDNN's
+  NHWC kernels): the operands need no copy, but the weight and its gradient go through oneDNN's blocked
+  layout: 2 |w|, whatever the batch (exact on every 3x3 and 7x7 convolution of resnet18 at batch 4 and 16,
+  e.g. 18,874,368 B for 512x512x3x3, and on 3 more shapes). A 1x1 kernel at stride 1 runs as a matmul: 0
+  (measured at 2 shapes). A strided 1x1 kernel adds scratch that varies with the channel counts (12 KB to
+  0.4 MB over 12 shapes, the same at batch 2, 8 and 16): charged one image of x plus one of dy plus a 4 KB
+  page, an upper bound on all of them (resnet18's three downsamples: 0.43, 0.26 and 1.05 MB measured,
+  0.47, 0.47 and 1.15 MB charged).
+* aten::native_layer_norm_backward: one row-statistics-sized buffer, |mean| (its third input): 2048 B at
+  4x128x256 and 2x256x256, bert_small's 8 layer norms.
+* aten::_scaled_dot_product_flash_attention_for_cpu_backward: a copy of grad_output, |dy|, plus a
+  per-thread block buffer of (2 qSplit x kvSplit + qSplit) accumulator elements (float32; float64 for
+  float64 inputs), PyTorch's split sizes for query length Lq (the logsumexp's last dimension): qSplit = 256
+  from Lq 768, 64 from 192, else 32; kvSplit = min(Lkv, 512), Lkv taken = Lq (self-attention; the trace
+  records q, k and v by their shared base). Exact at 9 shapes (B, H, L, D from 1x12x128x64 to
+  2x2x512x64: e.g. 557,184 B at 4x4x128x64) and in bert_small's real step (batch x length 4x128 and
+  2x256); with T threads the buffer is T times (65,664 B measured at 2 threads; `threads`, 1 here, as the
+  bench runs). The copy of dy is skipped when dy is already (B, L, H, D)-contiguous (the rule is then an
+  upper bound); MultiheadAttention's dy is not.
+* threshold_backward reading a bool sign mask (the intermediate-activated ReLU backward, whose temporary
+  is that implementation's workspace in `backward_impls`, on every device): it first casts the mask to the
+  gradient's dtype, |result| (2 MiB at 4x128x1024 float, as large as what it returns).
+Every other backward op measured allocates only what it returns: threshold_backward on the result,
+max_pool2d_with_indices_backward, mm and addmm's (both weight and input gradients), sum, select_backward,
+clone, nll_loss and log_softmax backward (all of bert_small's step), _softmax_backward_data and
+gelu_backward (both approximations; 4x128x256 and 2x256x1024). Forward kernels are not covered here: a
+channels-last convolution's forward reorders its weight too (|w| + 8 KB, e.g. 9.4 MB for 512x512x3x3) and
+the flash-attention forward keeps a 25-82 KB block buffer; the trace's forward workspace (0 unless profiled)
+does not count them. A CUDA trace has no constants (the caching allocator's workspace depends on
+cuDNN's algorithm): profile it.
+
+Allocator rounding (`allocated_bytes`). On a CUDA trace every tensor counts as the caching allocator's
+block, its bytes rounded up to a multiple of 512 (what `torch.cuda.memory_allocated` and the budget see).
+PyTorch's CPU allocator reports the bytes asked for (its 64-byte aligned blocks stay below 0.01% on
+activation-sized tensors), so CPU tensors count as traced; the page rounding of glibc's mmap shows only
+in the process's RSS.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from mlopt.errors import InputError
 from mlopt.formats.io import check_finite
+from mlopt.formats.trace import Tensor
 from mlopt.planners.memory.problem import BackwardImpl, ForwardImpl
 
 PROFILE_FORMAT = "mlopt-op-profile"
@@ -187,21 +222,70 @@ _CHECK_OF_FACTOR = {
 
 BN_BACKWARD_OP = "aten::native_batch_norm_backward"
 CONV_BACKWARD_OP = "aten::convolution_backward"
+LAYER_NORM_BACKWARD_OP = "aten::native_layer_norm_backward"
+FLASH_ATTENTION_BACKWARD_OP = "aten::_scaled_dot_product_flash_attention_for_cpu_backward"
+CHANNELS_LAST = "channels-last"  # a trace's `source.memory_format` when `mlopt trace --channels-last` made it
+# oneDNN's scratch for a strided 1x1 convolution on NHWC operands (12 KB-0.4 MB measured over 15 shapes, the
+# same at batch 2 and 16): at most one image of x plus one of grad_output plus this page.
+NHWC_STRIDED_1X1_SLACK_BYTES = 4096
 
 
 def backward_transient_bytes(op_name: str, device: Any, *, grad_output_bytes: int, input_bytes: int,
-                             computes_grad_input: bool) -> int:
-    """Bytes a backward kernel allocates while it runs beyond what it returns (module docstring), from the
-    constants of the trace's device (`source.device`); 0 for ops and devices without constants.
-    `grad_output_bytes` = |dy| (the op's first input), `input_bytes` = |x| (the forward input it reads)."""
+                             computes_grad_input: bool, operands: Sequence[Tensor] = (),
+                             memory_format: str | None = None, threads: int = 1) -> int:
+    """Bytes a backward kernel allocates while it runs beyond what it returns (module docstring, "Backward
+    transients"), from the constants of the trace's device (`source.device`); 0 for ops and devices without
+    constants. `grad_output_bytes` = |dy| (the op's first input), `input_bytes` = |x| (the forward input it
+    reads), `operands` = all the op's input tensors in the trace's order (the rules that need more than dy
+    and x read them), `memory_format` = the trace's `source.memory_format`, `threads` = intra-op threads (the
+    kernels with per-thread buffers scale with it)."""
     kind = device.split(":", 1)[0] if isinstance(device, str) else None
     if kind != "cpu":
         return 0
     if op_name == BN_BACKWARD_OP:
         return input_bytes
     if op_name == CONV_BACKWARD_OP:
+        if memory_format == CHANNELS_LAST:
+            return _conv_backward_nhwc_bytes(operands)
         return input_bytes + max(input_bytes, grad_output_bytes) if computes_grad_input else grad_output_bytes
+    if op_name == LAYER_NORM_BACKWARD_OP:
+        return operands[2].bytes if len(operands) > 2 else 0  # a row-statistics-sized buffer: |mean|
+    if op_name == FLASH_ATTENTION_BACKWARD_OP:
+        return grad_output_bytes + threads * _flash_attention_backward_buffer_bytes(operands)
     return 0
+
+
+def _conv_backward_nhwc_bytes(operands: Sequence[Tensor]) -> int:
+    """oneDNN's NHWC convolution backward (operands dy, x, w): two weight-sized buffers (the weight and its
+    gradient in oneDNN's blocked layout); a 1x1 kernel at stride 1 runs as a plain matmul and allocates
+    nothing; a strided 1x1 kernel adds scratch of at most one image of x and one of dy."""
+    if len(operands) < 3 or len(operands[2].shape) < 3:
+        return 0
+    grad_output, forward_input, weight = operands[:3]
+    one_by_one = all(size == 1 for size in weight.shape[2:])
+    same_spatial = tuple(forward_input.shape[2:]) == tuple(grad_output.shape[2:])
+    if one_by_one and same_spatial:
+        return 0
+    scratch = 0
+    if one_by_one and grad_output.shape and forward_input.shape:
+        one_image = (grad_output.bytes // max(1, grad_output.shape[0])
+                     + forward_input.bytes // max(1, forward_input.shape[0]))
+        scratch = one_image + NHWC_STRIDED_1X1_SLACK_BYTES
+    return 2 * weight.bytes + scratch
+
+
+def _flash_attention_backward_buffer_bytes(operands: Sequence[Tensor]) -> int:
+    """The per-thread buffer of PyTorch's CPU flash-attention backward: (2 qSplit x kvSplit + qSplit)
+    accumulator elements (the attention block and its gradient, one row sum), with PyTorch's split sizes
+    for the query length Lq (the logsumexp's last dimension; self-attention, so kv length = Lq)."""
+    logsumexp = next((t for t in reversed(operands) if len(t.shape) == 3), None)
+    if logsumexp is None:
+        return 0
+    q_len = kv_len = logsumexp.shape[-1]
+    q_split = 256 if q_len >= 768 else (64 if q_len >= 192 else 32)
+    kv_split = min(kv_len, 512)
+    accumulate_itemsize = 8 if operands[0].dtype == "float64" else 4
+    return (2 * q_split * kv_split + q_split) * accumulate_itemsize
 
 
 def is_known(op_name: str) -> bool:
@@ -354,10 +438,13 @@ def backward_impls(op_name: str, traced: tuple[BackwardImpl, ...], *, node: int,
     if op_name in RELU_OPS and mask is not None:
         output = BackwardImpl("output-activated", default.compute_us, default.workspace_bytes, default.deps,
                               "output-activated")
-        # threshold_backward on a bool mask does the same elementwise work as on the result (x its factor).
+        # threshold_backward on a bool mask does the same elementwise work as on the result (x its factor),
+        # but first casts the mask to the gradient's dtype: a temporary as large as the result (CPU, torch
+        # 2.13: 4x128x1024 float, 2 MiB besides the 2 MiB it returns). Charged on every device (unmeasured
+        # elsewhere), so a mask never lets a stage exceed its budget.
         masked_deps = tuple(sorted((set(default.deps) - {node}) | {mask}))
         intermediate = BackwardImpl("intermediate-activated", default.compute_us * factors.relu_intermediate_activated,
-                                    default.workspace_bytes, masked_deps, "intermediate-activated")
+                                    default.workspace_bytes + out_bytes, masked_deps, "intermediate-activated")
         impls = [output] + impls[1:] + [intermediate]
     if op_name in BATCH_NORM_OPS and input_node is not None and input_node in default.deps:
         rebuilt_deps = tuple(sorted((set(default.deps) - {input_node}) | {node}))
@@ -399,3 +486,18 @@ def drop_dominated_backward(impls: tuple[BackwardImpl, ...]) -> tuple[tuple[Back
             for m, b in enumerate(impls))
     ]
     return tuple(kept), len(impls) - len(kept)
+
+
+# --------------------------------------------------------------------------------------- allocator rounding
+
+# The CUDA caching allocator hands out blocks in multiples of 512 bytes (c10/cuda/CUDACachingAllocator.cpp:
+# kMinBlockSize, round_size), and what it reports (memory_allocated, the profiler's memory events) counts the
+# whole block. The CPU allocator reports the bytes asked for (module docstring).
+ALLOCATION_GRANULARITY_BYTES = {"cuda": 512}
+
+
+def allocated_bytes(nbytes: int, device: Any) -> int:
+    """What the trace's device's allocator counts for a tensor of `nbytes`: rounded up to its block size."""
+    kind = device.split(":", 1)[0] if isinstance(device, str) else None
+    granularity = ALLOCATION_GRANULARITY_BYTES.get(kind, 1)
+    return -(-nbytes // granularity) * granularity

@@ -89,8 +89,10 @@ class Node:
     backward: tuple[BackwardImpl, ...] = ()  # J_hat_k; [0] default; empty: no backward work at this stage
     inplace_input: int | None = None  # node whose buffer an in-place forward implementation overwrites
     intermediate_of: int | None = None  # intermediate storage node: its creator (recomputed only with it)
-    y_bytes: int = 0  # |y_k|: gradient bytes backward_k creates
-    grad_live_bytes: int = 0  # |L_hat_k|: gradient bytes live while stage k runs (excluding y_k)
+    y_bytes: int = 0  # |y_k|: gradient bytes backward_k adds at its highest (build.py: their running peak)
+    # |L_hat_k|: gradient bytes live entering stage k, with the loss and its seed gradient, which the
+    # training loop holds through the whole backward pass (build.py)
+    grad_live_bytes: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -8,12 +8,13 @@ import gzip
 import json
 from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from mlopt.errors import InputError
 from mlopt.formats.importers.kineto import read_kineto, read_kineto_durations
-from mlopt.formats.importers.pytorch_et import PG_INIT, import_pytorch_et
+from mlopt.formats.importers.pytorch_et import PG_INIT, _trace_device, _TRef, import_pytorch_et
 from mlopt.formats.importers.pytorch_et import PROCESS_NODE as PROCESS
 from mlopt.formats.importers.pytorch_et import THREAD_NODE as THREAD
 from mlopt.formats.io import sha256_file
@@ -167,6 +168,7 @@ def test_resnet18_provenance_and_round_trip(resnet):
         "schema": "1.1.1-chakra.0.0.4",
         "inputs": {path.name: sha256_file(path)},
         "step_scope": "## train_step ##",
+        "device": "cpu",  # from the tensor values: the memory planner then charges the CPU catalog constants
     }
     assert resnet.name == "resnet18_b2_cpu_et"
     assert all(op.compute_us is None for op in resnet.ops)  # no Kineto: not measured
@@ -358,6 +360,8 @@ def test_handmade_tensors(gpu):
     # the `.grad` made by AccumulateGrad's detach is the same tensor as MmBackward's output (a view, no copy)
     ops = by_id(gpu)
     assert ops[20].outputs == ops[23].inputs == ops[26].inputs
+    # the tensors' device names the trace's: the memory planner then counts the caching allocator's blocks
+    assert gpu.source["device"] == "cuda:0"
 
 
 def test_handmade_device_time_from_kernels(gpu):
@@ -663,3 +667,16 @@ def test_nested_evaluate_function_with_preexisting_buckets(tmp_path, order):
     assert bucket1 in ops[25].inputs and bucket2 in ops[27].inputs
     assert ops[6].forward_op == 5 and ops[8].forward_op == 4
     assert {tensors[t].kind for t in ops[30].outputs + ops[31].outputs} == {"parameter"}
+
+
+def test_the_trace_device_is_the_accelerator_holding_the_most_bytes():
+    def node(*refs):
+        return SimpleNamespace(inputs=list(refs), outputs=[])
+
+    def ref(device, numel):
+        return _TRef(1, 1, 0, numel, 4, 0, (numel,), "float32", device)
+
+    assert _trace_device([node(ref("cpu", 10))]) == "cpu"
+    # A CUDA step keeps small tensors (targets, scalars) on the host: the accelerator still names it.
+    assert _trace_device([node(ref("cpu", 10_000), ref("cuda:0", 100)), node(ref("cuda:1", 10))]) == "cuda:0"
+    assert _trace_device([node(ref("", 10))]) == ""  # older schemas name no device: no constants implied
