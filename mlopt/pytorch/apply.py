@@ -235,13 +235,37 @@ def _why_no_motif(collective: str, programs: MotifPrograms | None) -> str:
 
 
 def motif_programs_summary(programs: MotifPrograms) -> str:
-    """Which program the enforcer's motifs run, grouped by program, with why not a planned one [in brackets]."""
-    groups: dict[tuple[str, str], list[str]] = {}
+    """Which program the enforcer's motifs run, one clause per program and collective: how many motifs, of
+    which buckets, rank groups and sizes, and why not a planned program [in brackets]. (Listing every motif
+    made one report line several kB long on a 4-rank MLP; Enforcer.motif_programs has them one by one.)"""
+    groups: dict[tuple[str, str, str], list[tuple[tuple[int, int], ProgramUse]]] = {}
     for key, use in sorted(programs.items()):
         name = Path(use.source).name if use.planned else use.source
-        groups.setdefault((name, use.reason), []).append(_motif_name(key, use))
-    return "; ".join(f"{name} for {', '.join(motifs)}" + (f" [{reason}]" if reason else "")
-                     for (name, reason), motifs in groups.items()) or "nothing (no motifs)"
+        groups.setdefault((name, use.collective, _reason_kind(use)), []).append((key, use))
+    return "; ".join(_motif_group(name, collective, reason, members)
+                     for (name, collective, reason), members in groups.items()) or "nothing (no motifs)"
+
+
+def _reason_kind(use: ProgramUse) -> str:
+    """The reason without the motif's own ranks and size, so that motifs missing a plan for the same reason
+    share one clause."""
+    if use.reason.startswith(f"no planned {use.collective} program for ranks"):
+        return f"no planned {use.collective} program for those ranks and sizes"
+    return use.reason
+
+
+def _motif_group(name: str, collective: str, reason: str, members: list[tuple[tuple[int, int], ProgramUse]]) -> str:
+    if len(members) == 1:
+        key, use = members[0]
+        return f"{name} for {_motif_name(key, use)}" + (f" [{use.reason}]" if use.reason else "")
+    buckets = sorted({key[0] for key, _ in members})
+    groups = sorted({use.ranks for _, use in members})
+    sizes = sorted({use.nbytes for _, use in members})
+    size_text = f"{sizes[0]} bytes" if len(sizes) == 1 else f"{sizes[0]}-{sizes[-1]} bytes"
+    bucket_text = f"bucket {buckets[0]}" if len(buckets) == 1 else f"buckets {buckets[0]}-{buckets[-1]}"
+    group_text = ", ".join(str(list(g)) for g in groups[:4]) + (f" and {len(groups) - 4} more" if len(groups) > 4 else "")
+    return (f"{name} for {len(members)} {collective} motifs ({bucket_text}; ranks {group_text}; {size_text})"
+            + (f" [{reason}]" if reason else ""))
 
 
 # ------------------------------------------------------------------------------------------------ schedule

@@ -26,7 +26,8 @@ dist = pytest.importorskip("torch.distributed")
 from mlopt.errors import InputError  # noqa: E402
 from mlopt.formats.plan import load_plan  # noqa: E402
 from mlopt.planners.threads.artifacts import MIB  # noqa: E402
-from mlopt.pytorch.apply import apply_plans, schedule_mismatch, schedule_table  # noqa: E402
+from mlopt.native.enforcer import ProgramUse  # noqa: E402
+from mlopt.pytorch.apply import apply_plans, motif_programs_summary, schedule_mismatch, schedule_table  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "train_ddp"
@@ -263,6 +264,23 @@ def run_ranks(mode: str, plans: Path) -> list[dict]:
     errors = [f"rank {r}: {x['error']}" for r, x in enumerate(results) if "error" in x]
     assert not errors, errors
     return results
+
+
+def test_the_report_groups_motifs_by_program():
+    """One clause per program and collective (not per motif): buckets, rank groups and sizes summed up, the
+    reasons without their per-motif ranks and sizes."""
+    def use(collective, ranks, nbytes, source, planned=False):
+        reason = "" if planned else f"no planned {collective} program for ranks {list(ranks)} and {nbytes} bytes"
+        return ProgramUse("where", collective, ranks, nbytes, source, planned, reason, "plan")
+
+    programs = {(b, m): use("allreduce", ranks, nbytes, "plan program p1")
+                for b, nbytes in enumerate((4096, 8192, 2048)) for m, ranks in enumerate(((0, 2), (1, 3)))}
+    programs[(0, 9)] = use("allgather", (0, 1, 2, 3), 4096, "/plans/collective-allgather-4KiB.xml", planned=True)
+    assert motif_programs_summary(programs) == (
+        "plan program p1 for 6 allreduce motifs (buckets 0-2; ranks [0, 2], [1, 3]; 2048-8192 bytes) "
+        "[no planned allreduce program for those ranks and sizes]; "
+        "collective-allgather-4KiB.xml for motif 9 of bucket 0 (allgather of 4096 bytes)")
+    assert motif_programs_summary({}) == "nothing (no motifs)"
 
 
 def test_schedule_hook_with_a_stand_in_enforcer_equals_gloo(plans):
