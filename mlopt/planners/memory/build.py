@@ -170,7 +170,7 @@ def _forward_drafts(trace: ModelTrace, tensors: dict[int, Tensor], times: dict[i
             mask_of[main] = len(drafts)
             drafts.append(_Draft(index=len(drafts), op=op, name=catalog.MASK_NODE_NAME,
                                  out_bytes=catalog.allocated_bytes(catalog.mask_bytes(_numel(tensors[primary])),
-                                                                   _device(trace)), inputs=(main,),
+                                                                   _source_field(trace, "device")), inputs=(main,),
                                  role="mask", time_us=catalog.mask_impl(times[op.id][0], factors).compute_us,
                                  intermediate_of=main))
     if pending_us and drafts:  # trailing node-less ops (e.g. detach of the loss) join the last main node
@@ -223,7 +223,7 @@ def _stages(backward_ops: list[Op], stage_of: dict[int, int], producer: dict[int
 
 def _profiled_op_ids(trace: ModelTrace) -> set[int]:
     """The ops whose implementations `mlopt profile operators` measured (their workspace is measured)."""
-    profiled = trace.source.get("operator_profile") if isinstance(trace.source, dict) else None
+    profiled = _source_field(trace, "operator_profile")
     measurements = profiled.get("measurements") if isinstance(profiled, dict) else None
     return {op_id for m in measurements or () if isinstance(m, dict) for op_id in m.get("op_ids") or ()}
 
@@ -242,21 +242,16 @@ def _catalog_transient(op: Op, tensors: dict[int, Tensor], device: Any, memory_f
                                             operands=operands, memory_format=memory_format)
 
 
-def _memory_format(trace: ModelTrace) -> Any:
-    """The trace's `source.memory_format` ("channels-last" from `mlopt trace --channels-last`), else None."""
-    return trace.source.get("memory_format") if isinstance(trace.source, dict) else None
-
-
 def _with_backward_transients(trace: ModelTrace, tensors: dict[int, Tensor],
                               backward_ops: list[Op]) -> tuple[list[Op], dict[str, Any]]:
     """The backward ops with each unprofiled op's default workspace raised to the catalog's transient bytes
     (module docstring), and a summary for the problem's metadata."""
     measured = _profiled_op_ids(trace)
-    device = _device(trace)
+    device, memory_format = _source_field(trace, "device"), _source_field(trace, "memory_format")
     out, raised, largest = [], 0, 0
     for op in backward_ops:
         default = op.implementations[0]
-        transient = 0 if op.id in measured else _catalog_transient(op, tensors, device, _memory_format(trace))
+        transient = 0 if op.id in measured else _catalog_transient(op, tensors, device, memory_format)
         if transient > (default.workspace_bytes or 0):
             op = replace(op, implementations=(replace(default, workspace_bytes=transient),) + op.implementations[1:])
             raised += 1
@@ -400,20 +395,19 @@ def _inplace_legal(d: _Draft, users: list[list[int]], finals: tuple[int, ...]) -
 def catalog_factors(trace: ModelTrace) -> catalog.CatalogFactors:
     """The catalog's time factors: the constants of the trace's device, with the measured ones in their place
     where `mlopt profile operators` profiled this trace."""
-    source = trace.source if isinstance(trace.source, dict) else {}
-    profiled = source.get("operator_profile")
+    profiled = _source_field(trace, "operator_profile")
     checks = profiled.get("catalog_checks") if isinstance(profiled, dict) else None
-    return catalog.CatalogFactors.for_device(source.get("device")).with_checks(checks)
+    return catalog.CatalogFactors.for_device(_source_field(trace, "device")).with_checks(checks)
 
 
-def _device(trace: ModelTrace) -> Any:
-    """The trace's `source.device` ("cpu", "cuda:0"), None when it names none."""
-    return trace.source.get("device") if isinstance(trace.source, dict) else None
+def _source_field(trace: ModelTrace, name: str) -> Any:
+    """`trace.source[name]` ("device": "cpu", "cuda:0"; "memory_format"; "operator_profile"), None if absent."""
+    return trace.source.get(name) if isinstance(trace.source, dict) else None
 
 
 def _as_allocated(trace: ModelTrace) -> ModelTrace:
     """The trace with each tensor's bytes as its device's allocator counts them (catalog.allocated_bytes)."""
-    device = _device(trace)
+    device = _source_field(trace, "device")
     rounded = tuple(replace(t, bytes=catalog.allocated_bytes(t.bytes, device)) for t in trace.tensors)
     return trace if rounded == trace.tensors else replace(trace, tensors=rounded)
 

@@ -166,7 +166,7 @@ class CatalogFactors:
     @staticmethod
     def for_device(device: Any) -> "CatalogFactors":
         """The constants of a trace's device (`source.device`: "cpu", "cuda", "cuda:1"); generic otherwise."""
-        kind = device.split(":", 1)[0] if isinstance(device, str) else None
+        kind = device_kind(device)
         return {"cpu": CPU_FACTORS, "cuda": CUDA_FACTORS}.get(kind, CatalogFactors())
 
     @staticmethod
@@ -230,6 +230,11 @@ CHANNELS_LAST = "channels-last"  # a trace's `source.memory_format` when `mlopt 
 NHWC_STRIDED_1X1_SLACK_BYTES = 4096
 
 
+def device_kind(device: Any) -> str | None:
+    """"cuda" for a trace's `source.device` "cuda:1", "cpu" for "cpu"; None when the trace names no device."""
+    return device.split(":", 1)[0] if isinstance(device, str) else None
+
+
 def backward_transient_bytes(op_name: str, device: Any, *, grad_output_bytes: int, input_bytes: int,
                              computes_grad_input: bool, operands: Sequence[Tensor] = (),
                              memory_format: str | None = None, threads: int = 1) -> int:
@@ -239,7 +244,7 @@ def backward_transient_bytes(op_name: str, device: Any, *, grad_output_bytes: in
     reads), `operands` = all the op's input tensors in the trace's order (the rules that need more than dy
     and x read them), `memory_format` = the trace's `source.memory_format`, `threads` = intra-op threads (the
     kernels with per-thread buffers scale with it)."""
-    kind = device.split(":", 1)[0] if isinstance(device, str) else None
+    kind = device_kind(device)
     if kind != "cpu":
         return 0
     if op_name == BN_BACKWARD_OP:
@@ -498,6 +503,6 @@ ALLOCATION_GRANULARITY_BYTES = {"cuda": 512}
 
 def allocated_bytes(nbytes: int, device: Any) -> int:
     """What the trace's device's allocator counts for a tensor of `nbytes`: rounded up to its block size."""
-    kind = device.split(":", 1)[0] if isinstance(device, str) else None
+    kind = device_kind(device)
     granularity = ALLOCATION_GRANULARITY_BYTES.get(kind, 1)
     return -(-nbytes // granularity) * granularity
